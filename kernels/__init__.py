@@ -1,0 +1,73 @@
+"""Paged attention for memcheck's `paged` stack: a block manager and Triton kernels over a paged
+KV cache, each with a torch reference (kernels.reference).
+
+Cache layouts: K and V [num_blocks, block_size, num_kv_heads, head_dim], one tensor each;
+MLA latent [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim].
+
+Every entry point dispatches on its inputs: CUDA tensors run the Triton kernel; CPU tensors run it
+under Triton's interpreter when TRITON_INTERPRET=1, and the torch reference otherwise.
+Importing this package is cheap: torch and triton load on the first call.
+(No __version__ here: transformers probes a top-level `kernels`, Hugging Face's package name.)
+"""
+from .block_manager import BlockManager
+from .dispatch import use_triton
+from .sequence import Sequence
+
+__all__ = ["BlockManager", "Sequence", "paged_decode", "paged_prefill", "mla_decode", "write_kv", "write_latent"]
+
+
+def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale):
+    """Attention of one new token per sequence over its paged K/V.
+    q [num_seqs, num_q_heads, head_dim]; k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim];
+    block_table [num_seqs, max_blocks] int32; seq_lens [num_seqs] int32 (tokens in the cache,
+    the new one included). Returns out shaped and typed like q."""
+    if use_triton(q):
+        from .decode import paged_decode as impl
+    else:
+        from .reference import paged_decode as impl
+    return impl(q, k_cache, v_cache, block_table, seq_lens, scale)
+
+
+def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale, max_q_len=None):
+    """Prefill and chunked prefill, variable lengths in one launch. q [total_new_tokens, num_q_heads,
+    head_dim] packs each sequence's new tokens (rows cu_seqlens_q[i]:cu_seqlens_q[i+1]), whose K/V are
+    already written to the cache; seq_lens counts cached + new tokens. Causal within the new tokens,
+    full attention to the cached prefix. max_q_len (a host int) saves a device sync."""
+    if use_triton(q):
+        from .prefill import paged_prefill as impl
+
+        return impl(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale, max_q_len=max_q_len)
+    from .reference import paged_prefill as impl
+
+    return impl(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale)
+
+
+def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale):
+    """Multi-head latent attention decode with absorbed projections. q_latent [num_seqs, num_heads,
+    kv_lora_rank] (q_nope @ W_UK), q_pe [num_seqs, num_heads, qk_rope_head_dim], latent_cache
+    [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]. Returns [num_seqs, num_heads,
+    kv_lora_rank] in latent space; the caller applies W_UV."""
+    if use_triton(q_latent):
+        from .mla_decode import mla_decode as impl
+    else:
+        from .reference import mla_decode as impl
+    return impl(q_latent, q_pe, latent_cache, block_table, seq_lens, scale)
+
+
+def write_kv(key, value, k_cache, v_cache, slot_mapping):
+    """k_cache/v_cache at slot_mapping[t] (= block * block_size + offset) <- key/value [t]
+    ([num_tokens, num_kv_heads, head_dim]); slots < 0 are skipped (padding)."""
+    if use_triton(key):
+        from .cache_write import write_kv as impl
+    else:
+        from .reference import write_kv as impl
+    impl(key, value, k_cache, v_cache, slot_mapping)
+
+
+def write_latent(latent, latent_cache, slot_mapping):
+    """latent_cache at slot_mapping[t] <- latent[t] ([num_tokens, kv_lora_rank + qk_rope_head_dim])."""
+    if use_triton(latent):
+        from .cache_write import write_latent as impl
+    else:
+        from .reference import write_latent as impl
+    impl(latent, latent_cache, slot_mapping)

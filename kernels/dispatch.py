@@ -1,0 +1,55 @@
+"""Which implementation runs: Triton on CUDA tensors, Triton under its interpreter on CPU
+tensors when TRITON_INTERPRET=1, the torch reference otherwise (so CPU runs need no Triton)."""
+import functools
+import os
+
+
+def use_triton(t) -> bool:
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device) -> int:
+    """Multiprocessors the launch should fill; a token 4 under the CPU interpreter."""
+    return _sm_count(device.index or 0) if device.type == "cuda" else 4
+
+
+def dot_precision(dtype) -> str:
+    """fp32 inputs get exact fp32 dots (Triton's default would be tf32); fp16/bf16 ignore it."""
+    import torch
+
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def fix_triton_interpreter() -> None:
+    """Triton 3.6's interpreter takes int() of 1-element arrays (loop bounds), which numpy >= 2.4
+    refuses (triton-lang/triton#9171, fixed upstream by #9172). Patch that one attribute."""
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_memcheck_index_fix", False):
+        return
+    original = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    interpreter._memcheck_index_fix = True
+
+
+def upcast_dots(t) -> bool:
+    """Whether dots must widen their operands: bf16 under the CPU interpreter (see kernels/dot.py)."""
+    import torch
+
+    return t.device.type == "cpu" and t.dtype == torch.bfloat16

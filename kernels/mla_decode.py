@@ -1,0 +1,149 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) decode over the paged latent cache, in Triton.
+
+Absorbed form: the caller folds W_UK into the query (q_latent = q_nope @ W_UK, kv_lora_rank wide),
+so every head attends straight over the cached latent: scores = q_latent.kv_c + q_pe.k_pe, and the
+output stays in latent space (softmax @ kv_c, kv_lora_rank wide) for the caller's W_UV. The cache
+has one shared 576-wide row per token (kv_c 512 then k_pe 64), read once for all the heads of a
+program: a block of HEAD_BLOCK heads, so the product runs on the tensor cores. Long contexts are
+split into partitions combined by decode.combine_partitions, as in paged decode.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .decode import combine_partitions
+from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, sm_count, upcast_dots
+from .dot import dot
+
+fix_triton_interpreter()
+
+LOG2E = 1.4426950408889634
+# Tuned on the H200 (benchmarks/kernels_h200.py).
+DEFAULT_CONFIG = {"block_n": 32, "num_warps": 8, "num_stages": 2, "head_block": 16}
+PROGRAMS_PER_SM = 2
+MIN_PARTITION = 256
+
+
+@triton.jit
+def _mla_partition(
+    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    qk_scale, partition_size,
+    stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head,
+    stride_c_block, stride_c_tok,
+    stride_bt_seq,
+    stride_o_seq, stride_o_head,
+    stride_po_seq, stride_po_head, stride_po_split,
+    stride_pl_seq, stride_pl_head,
+    NUM_HEADS: tl.constexpr, HEAD_BLOCK: tl.constexpr,
+    RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    ONE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # Head blocks vary fastest: programs side by side read the same latent rows (L2 hits).
+    head_block = tl.program_id(0)
+    split = tl.program_id(1)
+    seq = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    start = split * partition_size
+    if not ONE_SPLIT:
+        if start >= seq_len:
+            return
+    end = tl.minimum(start + partition_size, seq_len)
+
+    heads = head_block * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK)
+    head_mask = heads < NUM_HEADS
+    rank_dims = tl.arange(0, RANK_PAD)
+    rank_mask = rank_dims < RANK
+    rope_dims = tl.arange(0, ROPE_PAD)
+    rope_mask = rope_dims < ROPE
+    q_lat = tl.load(q_latent_ptr + seq * stride_ql_seq + heads[:, None] * stride_ql_head + rank_dims[None, :],
+                    mask=head_mask[:, None] & rank_mask[None, :], other=0.0)
+    q_pe = tl.load(q_pe_ptr + seq * stride_qp_seq + heads[:, None] * stride_qp_head + rope_dims[None, :],
+                   mask=head_mask[:, None] & rope_mask[None, :], other=0.0)
+
+    m = tl.full([HEAD_BLOCK], float("-inf"), tl.float32)
+    l = tl.zeros([HEAD_BLOCK], tl.float32)
+    acc = tl.zeros([HEAD_BLOCK, RANK_PAD], tl.float32)
+    bt_row = block_table_ptr + seq * stride_bt_seq
+    for t0 in range(start, end, BLOCK_N):
+        toks = t0 + tl.arange(0, BLOCK_N)
+        tok_mask = toks < end
+        blocks = tl.load(bt_row + toks // BLOCK_SIZE, mask=tok_mask, other=0).to(tl.int64)
+        rows = cache_ptr + blocks * stride_c_block + (toks % BLOCK_SIZE) * stride_c_tok
+        kv_c = tl.load(rows[:, None] + rank_dims[None, :], mask=tok_mask[:, None] & rank_mask[None, :], other=0.0)
+        k_pe = tl.load(rows[:, None] + RANK + rope_dims[None, :], mask=tok_mask[:, None] & rope_mask[None, :],
+                       other=0.0)
+        s = dot(q_lat, tl.trans(kv_c), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
+        s = tl.where(tok_mask[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + dot(p.to(kv_c.dtype), kv_c, DOT_PRECISION, UPCAST)
+        m = m_new
+
+    out_mask = head_mask[:, None] & rank_mask[None, :]
+    if ONE_SPLIT:
+        l = tl.where(l == 0.0, 1.0, l)
+        o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + rank_dims[None, :]
+        tl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        po_ptrs = (part_out_ptr + seq * stride_po_seq + heads[:, None] * stride_po_head
+                   + split * stride_po_split + rank_dims[None, :])
+        tl.store(po_ptrs, acc / l[:, None], mask=out_mask)
+        tl.store(part_lse_ptr + seq * stride_pl_seq + heads * stride_pl_head + split,
+                 m + tl.log2(l), mask=head_mask)
+
+
+def plan_partition(num_seqs: int, num_head_blocks: int, max_len: int, sms: int, block_n: int) -> int:
+    """Tokens per partition: as in decode.plan_partition, with MLA's own targets."""
+    base = max(1, num_seqs * num_head_blocks)
+    splits = min(-(-PROGRAMS_PER_SM * sms // base), max(1, max_len // MIN_PARTITION))
+    if splits <= 1:
+        return max_len
+    return -(-max_len // (splits * block_n)) * block_n
+
+
+def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, partition_size=None, config=None):
+    num_seqs, num_heads, rank = q_latent.shape
+    rope = q_pe.shape[-1]
+    _, block_size, width = latent_cache.shape
+    assert width == rank + rope, f"latent cache rows are {width} wide, queries {rank} + {rope}"
+    assert q_latent.stride(-1) == 1 and q_pe.stride(-1) == 1 and latent_cache.stride(-1) == 1
+    cfg = {**DEFAULT_CONFIG, **(config or {})}
+    if q_latent.device.type == "cpu":  # the interpreter: small tiles run faster
+        cfg["block_n"] = 16
+    head_block = min(cfg["head_block"], max(16, next_pow2(num_heads)))
+    num_head_blocks = triton.cdiv(num_heads, head_block)
+    max_len = block_table.shape[1] * block_size
+    if partition_size is None:
+        partition_size = plan_partition(num_seqs, num_head_blocks, max_len, sm_count(q_latent.device), cfg["block_n"])
+    num_splits = max(1, -(-max_len // partition_size))
+    one_split = num_splits == 1
+
+    out = torch.empty_like(q_latent)
+    if one_split:
+        part_out = part_lse = out
+        po_strides, pl_strides = (0, 0, 0), (0, 0)
+    else:
+        part_out = torch.empty(num_seqs, num_heads, num_splits, rank, device=q_latent.device, dtype=torch.float32)
+        part_lse = torch.empty(num_seqs, num_heads, num_splits, device=q_latent.device, dtype=torch.float32)
+        po_strides, pl_strides = part_out.stride()[:3], part_lse.stride()[:2]
+
+    _mla_partition[(num_head_blocks, num_splits, num_seqs)](
+        q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
+        scale * LOG2E, partition_size,
+        q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
+        latent_cache.stride(0), latent_cache.stride(1),
+        block_table.stride(0),
+        out.stride(0), out.stride(1),
+        *po_strides, *pl_strides,
+        NUM_HEADS=num_heads, HEAD_BLOCK=head_block,
+        RANK=rank, RANK_PAD=max(16, next_pow2(rank)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
+        BLOCK_SIZE=block_size, BLOCK_N=cfg["block_n"],
+        ONE_SPLIT=one_split, DOT_PRECISION=dot_precision(q_latent.dtype), UPCAST=upcast_dots(latent_cache),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if not one_split:
+        combine_partitions(part_out, part_lse, seq_lens, out, partition_size)
+    return out

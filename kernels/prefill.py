@@ -1,0 +1,121 @@
+"""Prefill and chunked prefill over the paged KV cache, variable lengths in one launch, in Triton.
+
+The new tokens' K/V are written to the cache first (kernels.write_kv); attention then reads
+every key from the cache. Sequence i's new tokens are the last q_len of its seq_len tokens:
+each attends to the cached prefix in full and causally within the new chunk. A plain prefill
+is the case prefix = 0; a decode step is q_len = 1.
+
+One program takes BLOCK_Q new tokens of one sequence times the query heads of one KV head:
+its rows are (token, head-in-group) pairs, so one K/V tile serves the whole group.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, upcast_dots
+from .dot import dot
+
+fix_triton_interpreter()
+
+LOG2E = 1.4426950408889634
+ROWS = 64  # query rows (tokens x heads in the group) per program on the GPU
+BLOCK_N = 64  # keys per loop step on the GPU
+
+
+@triton.jit
+def _prefill(
+    q_ptr, k_ptr, v_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr,
+    qk_scale,
+    stride_q_tok, stride_q_head,
+    stride_k_block, stride_k_tok, stride_k_head,
+    stride_v_block, stride_v_tok, stride_v_head,
+    stride_bt_seq,
+    stride_o_tok, stride_o_head,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    q_tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    prefix = seq_len - q_len
+
+    rows = tl.arange(0, BLOCK_Q * GROUP_PAD)
+    tok = q_tile * BLOCK_Q + rows // GROUP_PAD  # index among the new tokens
+    in_group = rows % GROUP_PAD
+    row_mask = (tok < q_len) & (in_group < GROUP)
+    heads = kv_head * GROUP + in_group
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    dim_mask = dims < HEAD_DIM
+    q_off = (q_start + tok).to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head + dims[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+    q_pos = prefix + tok  # position in the sequence: sees keys 0..q_pos
+
+    m = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)
+    acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_DIM_PAD], tl.float32)
+    kv_end = tl.minimum(seq_len, prefix + (q_tile + 1) * BLOCK_Q)  # the tile's last query sees no further
+    bt_row = block_table_ptr + seq * stride_bt_seq
+    for t0 in range(0, kv_end, BLOCK_N):
+        toks = t0 + tl.arange(0, BLOCK_N)
+        tok_mask = toks < kv_end
+        blocks = tl.load(bt_row + toks // BLOCK_SIZE, mask=tok_mask, other=0).to(tl.int64)
+        slot_in_block = toks % BLOCK_SIZE
+        kv_mask = tok_mask[:, None] & dim_mask[None, :]
+        k_rows = blocks * stride_k_block + slot_in_block * stride_k_tok + kv_head * stride_k_head
+        k = tl.load(k_ptr + k_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST) * qk_scale
+        s = tl.where(tok_mask[None, :] & (toks[None, :] <= q_pos[:, None]), s, float("-inf"))
+        # Every row sees key 0 in the first step, so m is finite from then on.
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        v_rows = blocks * stride_v_block + slot_in_block * stride_v_tok + kv_head * stride_v_head
+        v = tl.load(v_ptr + v_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
+        m = m_new
+
+    l = tl.where(l == 0.0, 1.0, l)
+    o_off = (q_start + tok).to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head + dims[None, :]
+    tl.store(out_ptr + o_off, (acc / l[:, None]).to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & dim_mask[None, :])
+
+
+def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale, max_q_len=None):
+    num_tokens, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    num_seqs = seq_lens.shape[0]
+    out = torch.empty_like(q)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    if max_q_len is None:
+        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    group = num_q_heads // num_kv_heads
+    group_pad = next_pow2(group)
+    on_cpu = q.device.type == "cpu"  # the interpreter: small tiles run faster
+    block_q = max(1, (16 if on_cpu else ROWS) // group_pad)
+    grid = (triton.cdiv(max_q_len, block_q), num_kv_heads, num_seqs)
+    _prefill[grid](
+        q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out,
+        scale * LOG2E,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_table.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, GROUP_PAD=group_pad,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
+        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=16 if on_cpu else BLOCK_N,
+        DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(q),
+        num_warps=4, num_stages=2,
+    )
+    return out

@@ -1,0 +1,90 @@
+"""Plain torch references for every kernel: the definitions the Triton kernels are tested
+against, and the CPU path when the Triton interpreter is off. Math in float32, result in the
+input dtype. One Python loop over sequences: clear, not fast."""
+import torch
+
+
+def _gather(cache: torch.Tensor, block_row: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one sequence from a paged cache: [length, *cache.shape[2:]]."""
+    block_size = cache.shape[1]
+    blocks = block_row[:(length + block_size - 1) // block_size].long()
+    return cache[blocks].flatten(0, 1)[:length]
+
+
+def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
+    """k_cache[slot] = key[t] for every token t with slot_mapping[t] >= 0 (same for V)."""
+    write_latent(key, k_cache, slot_mapping)
+    write_latent(value, v_cache, slot_mapping)
+
+
+def write_latent(latent, cache, slot_mapping) -> None:
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    block_size = cache.shape[1]
+    cache[slots // block_size, slots % block_size] = latent[keep].to(cache.dtype)
+
+
+def _attend(q, k, v, scale, mask=None):
+    """q [Hkv, M, D] (M = queries x group), k/v [Hkv, L, D] -> [Hkv, M, Dv], float32."""
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1), v.float())
+
+
+def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale) -> torch.Tensor:
+    """q [S, Hq, D]; caches [blocks, block_size, Hkv, D]; one new token per sequence."""
+    num_seqs, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    out = torch.zeros_like(q)
+    for i in range(num_seqs):
+        length = int(seq_lens[i])
+        if length == 0:
+            continue
+        k = _gather(k_cache, block_table[i], length).transpose(0, 1)  # [Hkv, L, D]
+        v = _gather(v_cache, block_table[i], length).transpose(0, 1)
+        qi = q[i].reshape(num_kv_heads, group, head_dim)
+        out[i] = _attend(qi, k, v, scale).reshape(num_q_heads, -1).to(q.dtype)
+    return out
+
+
+def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale) -> torch.Tensor:
+    """q [T, Hq, D]: the new tokens of every sequence, packed (sequence i owns rows
+    cu_seqlens_q[i]:cu_seqlens_q[i+1]); their K/V are already in the cache. They sit at the end
+    of their sequence: causal among themselves, full attention to the cached prefix."""
+    num_q_heads, head_dim = q.shape[1:]
+    num_kv_heads = k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    out = torch.zeros_like(q)
+    for i in range(len(seq_lens)):
+        start, end, length = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]), int(seq_lens[i])
+        if end == start:
+            continue
+        k = _gather(k_cache, block_table[i], length).transpose(0, 1)
+        v = _gather(v_cache, block_table[i], length).transpose(0, 1)
+        q_pos = torch.arange(length - (end - start), length)
+        mask = torch.arange(length)[None, :] <= q_pos[:, None]  # [Q, L]
+        qi = q[start:end].reshape(end - start, num_kv_heads, group, head_dim).permute(1, 0, 2, 3)
+        mask = mask[None, :, None, :].expand(num_kv_heads, -1, group, -1).reshape(num_kv_heads, -1, length)
+        o = _attend(qi.reshape(num_kv_heads, -1, head_dim), k, v, scale, mask)
+        o = o.reshape(num_kv_heads, end - start, group, head_dim).permute(1, 0, 2, 3)
+        out[start:end] = o.reshape(end - start, num_q_heads, head_dim).to(q.dtype)
+    return out
+
+
+def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale) -> torch.Tensor:
+    """Absorbed multi-head latent attention, one new token per sequence.
+    q_latent [S, H, R] (q_nope already multiplied by W_UK), q_pe [S, H, P];
+    latent_cache [blocks, block_size, R + P] holds kv_c (R) then k_pe (P).
+    scores = q_latent.kv_c + q_pe.k_pe; out [S, H, R] = softmax(scores) @ kv_c (caller applies W_UV)."""
+    rank = q_latent.shape[-1]
+    out = torch.zeros_like(q_latent)
+    for i in range(q_latent.shape[0]):
+        length = int(seq_lens[i])
+        if length == 0:
+            continue
+        kv = _gather(latent_cache, block_table[i], length)  # [L, R + P]
+        q = torch.cat([q_latent[i], q_pe[i]], dim=-1)  # [H, R + P]
+        out[i] = _attend(q[None], kv[None], kv[None, :, :rank], scale)[0].to(q_latent.dtype)
+    return out
