@@ -1,0 +1,1 @@
+"""memcheck: catch memory regressions in LLM inference before they merge."""

@@ -1,0 +1,107 @@
+"""The baseline store: one JSON file per (device class, workload, stack), written atomically.
+
+A file that cannot be read as a memcheck baseline for the item it is named after is an error that
+names it; it is never silently replaced.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import units
+from .errors import UsageError
+from .measurement import Measurement
+from .metrics.catalog import METRICS
+from .metrics.value import MetricValue
+
+SCHEMA = "memcheck.baseline/1"
+
+
+@dataclass
+class Baseline:
+    path: Path
+    metrics: dict[str, MetricValue]
+    environment: dict
+    recorded: str
+    rounds: int = 1
+
+
+class BaselineStore:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def path(self, device_class: str, workload: str, stack: str) -> Path:
+        return self.root / device_class / workload / f"{stack}.json"
+
+    def load(self, device_class: str, workload: str, stack: str) -> Baseline | None:
+        path = self.path(device_class, workload, stack)
+        if not path.exists():
+            return None
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UsageError(f"corrupt baseline ({e}); fix or delete it, it is never replaced silently",
+                             str(path)) from None
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise UsageError(f"not a memcheck baseline (schema is not {SCHEMA!r})", str(path))
+        if data.get("workload") != workload or data.get("stack") != stack:
+            raise UsageError(f"baseline of {data.get('workload')}[{data.get('stack')}] stored under "
+                             f"{workload}[{stack}]'s name", str(path))
+        try:
+            metrics = {k: MetricValue.from_json(v) for k, v in data["metrics"].items()}
+            return Baseline(path, metrics, data["environment"], data.get("recorded", ""), data.get("rounds", 1))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise UsageError(f"malformed baseline (missing or bad field {e})", str(path)) from None
+
+    def write(self, m: Measurement) -> tuple[Path, list[str]]:
+        """Write m as the baseline of its item; returns the path and the changes applied, one line each."""
+        device_class = m.environment["device_class"]
+        path = self.path(device_class, m.workload, m.stack)
+        old = self.load(device_class, m.workload, m.stack)  # raises on a corrupt file: never overwrite it
+        data = {
+            "schema": SCHEMA, "workload": m.workload, "stack": m.stack, "profile": m.profile,
+            "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "rounds": m.rounds, "environment": m.environment,
+            "metrics": {k: v.to_json() for k, v in sorted(m.metrics.items())},
+            "floors": m.floors,
+        }
+        _atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+        return path, _changes(old, m)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over: a crash leaves the old
+    file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _changes(old: Baseline | None, m: Measurement) -> list[str]:
+    if old is None:
+        return ["new baseline"]
+    lines = []
+    for name in sorted(set(old.metrics) | set(m.metrics)):
+        before = old.metrics.get(name, MetricValue(None)).value
+        after = m.metrics.get(name, MetricValue(None)).value
+        if before != after:
+            unit = METRICS[name].unit if name in METRICS else ""
+            lines.append(f"{name}: {units.format_value(before, unit)} -> {units.format_value(after, unit)}")
+    return lines or ["no metric changed"]

@@ -1,0 +1,90 @@
+"""Measure one round of one (workload, stack) item in this process: collectors around the stack."""
+from __future__ import annotations
+
+import gc
+import traceback
+
+from . import environment, floors, stacks
+from .errors import StackUnavailable
+from .measurement import Measurement
+from .metrics.collect import CollectorOptions, Collectors
+from .metrics.value import MetricValue
+
+
+def resolve_device(name: str = "auto"):
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise StackUnavailable("--memcheck-device asks for CUDA but this runner has no CUDA device")
+        device = torch.device("cuda", device.index or 0)
+        torch.cuda.set_device(device)
+    return device
+
+
+def measure(workload, stack_name: str, device, options: CollectorOptions | None = None) -> Measurement:
+    m = Measurement(workload.name, stack_name, workload.path, workload.profile, workload.scaled, workload.digest())
+    m.environment = {**environment.fingerprint(device), "profile": workload.profile, "workload": m.digest}
+    try:
+        stack_cls = stacks.load(stack_name)
+        stack_cls.check(workload, device)
+    except StackUnavailable as e:
+        m.skipped = str(e)
+        return m
+    stack = stack_cls(workload, device)
+    collectors = Collectors(device, options)
+    result = None
+    collectors.start()
+    try:
+        stack.prepare()
+        collectors.run_started()
+        result = stack.run(collectors)
+    except BaseException as e:  # noqa: BLE001 - one failing workload must not stop the rest
+        m.error = {"kind": _kind(e), "message": f"{type(e).__name__}: {e}".strip()[:2000]}
+        m.notes.append(traceback.format_exc(limit=8))
+        if isinstance(e, KeyboardInterrupt):
+            raise
+    finally:
+        weights = _safe(stack.weights_bytes)
+        stack.close()
+        del stack
+        gc.collect()
+        m.metrics = collectors.stop()
+    m.timeline = collectors.timeline
+    if result is not None:
+        m.metrics.update(result.metrics)
+        m.notes.extend(result.notes)
+        m.metrics["time.wall"] = MetricValue(collectors.wall)
+    for name in ("kv.bytes.peak", "kv.live_bytes.peak", "kv.waste.peak", "kv.blocks_unreclaimed",
+                 "kv.page_footprint", "tokens_per_s", "ttft", "tpot", "time.wall"):
+        m.metrics.setdefault(name, MetricValue.null("the run failed" if m.error else f"the {stack_name} stack does not report it"))
+    import torch
+
+    from .models import torch_dtype
+
+    dtype_bytes = torch.empty(0, dtype=torch_dtype(workload, device)).element_size()
+    m.floors = {"kv": floors.kv_floor(workload, dtype_bytes)}
+    if weights is not None:
+        m.floors["weights"] = weights
+        m.floors["weights+kv"] = weights + m.floors["kv"]
+    return m
+
+
+def _safe(fn):
+    try:
+        return fn()
+    except Exception:  # the model may not exist when prepare() failed
+        return None
+
+
+def _kind(e: BaseException) -> str:
+    import torch
+
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+        return "oom"
+    if isinstance(e, RuntimeError) and "can't allocate memory" in str(e):  # torch's CPU allocator
+        return "oom"
+    return "crash"

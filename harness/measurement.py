@@ -1,0 +1,45 @@
+"""A Measurement: everything one (workload, stack) run produced. Plain data, JSON round-trip."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .metrics.value import MetricValue
+
+
+@dataclass
+class Measurement:
+    workload: str
+    stack: str
+    file: str = ""
+    profile: str | None = None
+    scaled: bool = False
+    digest: str = ""
+    metrics: dict[str, MetricValue] = field(default_factory=dict)
+    floors: dict[str, int] = field(default_factory=dict)  # analytic, labelled as floors in every report
+    environment: dict = field(default_factory=dict)
+    timeline: list[dict] = field(default_factory=list)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    error: dict | None = None  # {"kind": "oom" | "crash" | "timeout", "message": ...}
+    skipped: str | None = None  # the stack cannot run on this runner: why
+    rounds: int = 1
+
+    @property
+    def id(self) -> str:
+        return f"{self.workload}[{self.stack}]"
+
+    def to_json(self) -> dict:
+        return {
+            "workload": self.workload, "stack": self.stack, "file": self.file, "profile": self.profile,
+            "scaled": self.scaled, "digest": self.digest,
+            "metrics": {k: v.to_json() for k, v in sorted(self.metrics.items())},
+            "floors": self.floors, "environment": self.environment, "timeline": self.timeline,
+            "artifacts": self.artifacts, "notes": self.notes, "error": self.error, "skipped": self.skipped,
+            "rounds": self.rounds,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Measurement":
+        data = dict(data)
+        data["metrics"] = {k: MetricValue.from_json(v) for k, v in data.get("metrics", {}).items()}
+        return cls(**data)

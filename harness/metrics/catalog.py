@@ -1,0 +1,45 @@
+"""The metric names: a stable API, stored in baselines. Nothing else may invent a metric name."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    unit: str  # bytes | ratio | count | s | tokens/s
+    meaning: str
+    lower_is_worse: bool = False  # throughput: a drop is the regression
+    noisy: bool = False  # compared only through repeated rounds
+
+
+_SPECS = [
+    MetricSpec("gpu.heap_alloc.peak", "bytes", "peak bytes held by live tensors (torch caching allocator)"),
+    MetricSpec("gpu.heap_alloc.end", "bytes", "bytes still held after the workload ended, above what was held before it started"),
+    MetricSpec("gpu.reserved.peak", "bytes", "peak bytes the torch allocator took from the driver"),
+    MetricSpec("gpu.device_used.peak", "bytes", "peak device memory seen by the driver for this process and its children (NVML, sampled)"),
+    MetricSpec("gpu.fragmentation.peak", "ratio", "inactive split bytes / reserved bytes, at the sampled reserved peak"),
+    MetricSpec("gpu.alloc_retries", "count", "allocator frees-and-retries (cudaMalloc failed, cache flushed, retried)"),
+    MetricSpec("gpu.ooms", "count", "out-of-memory events raised by the allocator"),
+    MetricSpec("cpu.heap_alloc.peak", "bytes", "peak bytes of live torch CPU tensors, weights included (profiler memory events)"),
+    MetricSpec("kv.bytes.peak", "bytes", "peak KV-cache bytes reserved by the stack"),
+    MetricSpec("kv.live_bytes.peak", "bytes", "peak KV-cache bytes holding live tokens"),
+    MetricSpec("kv.waste.peak", "ratio", "1 - live/reserved KV bytes at the reserved peak"),
+    MetricSpec("kv.blocks_unreclaimed", "count", "KV blocks still held by finished sequences at the end"),
+    MetricSpec("kv.page_footprint", "count", "distinct 2 MiB pages the KV reads of one decode step touch (max over steps)"),
+    MetricSpec("host.heap_alloc.peak", "bytes", "peak Python heap during the run (tracemalloc)"),
+    MetricSpec("host.rss.peak", "bytes", "peak resident set of the workload's process (getrusage)"),
+    MetricSpec("host.page_faults", "count", "minor + major page faults during the run (getrusage)"),
+    MetricSpec("host.gc_collections", "count", "Python garbage-collector passes during the run"),
+    MetricSpec("host.dtlb_misses", "count", "data-TLB load misses during the run (perf_event_open)"),
+    MetricSpec("time.wall", "s", "wall time of the run", noisy=True),
+    MetricSpec("tokens_per_s", "tokens/s", "generated tokens per second", lower_is_worse=True, noisy=True),
+    MetricSpec("ttft", "s", "time to first token (mean over requests)", noisy=True),
+    MetricSpec("tpot", "s", "time per output token after the first (mean)", noisy=True),
+]
+
+METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
+
+
+def spec(name: str) -> MetricSpec:
+    return METRICS[name]

@@ -1,0 +1,104 @@
+"""Host-side metrics of the workload's process: Python heap, RSS peak, page faults, GC passes, dTLB misses."""
+from __future__ import annotations
+
+import gc
+import resource
+import sys
+import threading
+import tracemalloc
+
+from . import perf
+from .value import MetricValue
+
+# ru_maxrss is KiB on Linux, bytes on macOS.
+_RSS_UNIT = 1 if sys.platform == "darwin" else 1024
+
+
+class HostCollector:
+    """Start before the model is built, `run_started` before the stack runs, `stop` after it."""
+
+    def __init__(self, python_heap: bool = True, rss_sampled: bool = False, period_s: float = 0.01):
+        # A worker process is fresh, so its ru_maxrss is the item's exact peak; a block measured
+        # inside a longer-lived process (the fixture) needs a sampled peak instead.
+        self.python_heap = python_heap
+        self._rss = RssSampler(period_s) if rss_sampled else None
+        self.gc_passes = 0
+        self._dtlb = self._dtlb_error = None
+        self._faults_at_run = 0
+
+    def _on_gc(self, phase, info):
+        if phase == "start":
+            self.gc_passes += 1
+
+    def start(self) -> None:
+        if self._rss:
+            self._rss.start()
+        try:
+            self._dtlb = perf.dtlb_misses()
+        except perf.PerfCounterError as e:
+            self._dtlb_error = f"the PMU of this runner has no data-TLB miss counter ({e.strerror})"
+
+    def run_started(self) -> None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self._faults_at_run = usage.ru_minflt + usage.ru_majflt
+        self.gc_passes = 0
+        gc.callbacks.append(self._on_gc)
+        if self.python_heap:
+            # Started here, not before the model is built: under tracemalloc, imports that the
+            # build triggers run several times slower, and they are not the workload.
+            tracemalloc.start(1)  # one frame: the smallest trace, the smallest overhead
+        if self._dtlb:
+            self._dtlb.start()
+
+    def stop(self) -> dict[str, MetricValue]:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        rss = (MetricValue(self._rss.stop(), detail=f"psutil, sampled every {self._rss.period_s * 1000:g} ms")
+               if self._rss else MetricValue(usage.ru_maxrss * _RSS_UNIT, detail="getrusage ru_maxrss, whole process"))
+        out = {
+            "host.rss.peak": rss,
+            "host.page_faults": MetricValue(usage.ru_minflt + usage.ru_majflt - self._faults_at_run,
+                                            detail="getrusage minor+major, during the run"),
+            "host.gc_collections": MetricValue(self.gc_passes),
+        }
+        if self.python_heap and tracemalloc.is_tracing():
+            out["host.heap_alloc.peak"] = MetricValue(tracemalloc.get_traced_memory()[1], detail="tracemalloc, during the run")
+            tracemalloc.stop()
+        else:
+            out["host.heap_alloc.peak"] = MetricValue.null("Python heap tracing switched off (--memcheck-no-host-heap)")
+        if self._dtlb:
+            out["host.dtlb_misses"] = MetricValue(self._dtlb.stop(), detail="perf dTLB-load-misses, user space")
+            self._dtlb.close()
+        else:
+            out["host.dtlb_misses"] = MetricValue.null(self._dtlb_error)
+        return out
+
+
+class RssSampler:
+    """Peak resident set of this process, sampled on a thread."""
+
+    def __init__(self, period_s: float):
+        import psutil
+
+        self.period_s, self.peak = period_s, 0
+        self._proc = psutil.Process()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="memcheck-rss", daemon=True)
+
+    def _sample(self) -> None:
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._sample()
+
+    def start(self) -> None:
+        self._sample()
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        return self.peak

@@ -1,0 +1,53 @@
+"""Build a transformers model from a workload's preset with seeded random weights. Never downloads."""
+from __future__ import annotations
+
+import os
+
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def torch_dtype(workload, device):
+    import torch
+
+    name = workload.dtype
+    if name == "auto":  # bf16 where the hardware runs it fast, float32 on CPU runners
+        name = "bfloat16" if getattr(device, "type", device) == "cuda" else "float32"
+    return getattr(torch, DTYPES[name])
+
+
+def hf_config(workload):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: nothing here may reach a hub
+    from transformers import AutoConfig
+
+    config = dict(workload.model_config())
+    model_type = config.pop("model_type")
+    return AutoConfig.for_model(model_type, **config)
+
+
+def build_hf_model(workload, device, attn_implementation: str = "sdpa"):
+    """The workload's model on `device`, weights drawn from the workload's seed, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = hf_config(workload)
+    config._attn_implementation = attn_implementation
+    dtype = torch_dtype(workload, device)
+    factory = AutoModelForImageTextToText if workload.preset.family == "vision-language" else AutoModelForCausalLM
+    torch.manual_seed(workload.seed)
+    if getattr(device, "type", device) == "cuda":
+        torch.cuda.manual_seed_all(workload.seed)
+    # Built directly on the device: a 7B model initialised on the CPU first would take minutes.
+    with torch.device(device):
+        model = factory.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    return model.eval()
+
+
+def prompt_ids(workload, vocab_size: int) -> list[list[int]]:
+    """Seeded random prompt token ids, one list per request (workload request order).
+
+    Ids avoid the low range, where presets keep their special tokens (bos/eos/pad)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(workload.seed + 1)
+    low = min(16, vocab_size // 2)
+    return [torch.randint(low, vocab_size, (r.prompt_tokens,), generator=gen).tolist() for r in workload.request_list()]

@@ -1,0 +1,29 @@
+"""Every command-line option of the pytest plugin, registered in one place with its help text."""
+from __future__ import annotations
+
+
+def register(parser) -> None:
+    group = parser.getgroup("memcheck", "memory regression checks of LLM inference workloads")
+    group.addoption("--memcheck", action="store_true", default=False,
+                    help="collect YAML workloads under the given paths (default: the suites of [tool.memcheck], "
+                         "else suites/) and gate their memory metrics against baselines")
+    group.addoption("--memcheck-baselines", metavar="DIR", default=None,
+                    help="baseline folder (default: [tool.memcheck] baselines, else baselines/)")
+    group.addoption("--memcheck-update-baselines", action="store_true", default=False,
+                    help="write or refresh the baselines of the items that ran")
+    group.addoption("--memcheck-report", metavar="FILE.json", default=None,
+                    help="write the machine-readable report (read by `memcheck comment` and `memcheck merge`)")
+    group.addoption("--memcheck-markdown", metavar="FILE.md", default=None,
+                    help="write the Markdown report (the merge-request comment body)")
+    group.addoption("--memcheck-strict", action="store_true", default=False,
+                    help="fail items that have no baseline yet")
+    group.addoption("--memcheck-profile", metavar="NAME", default=None,
+                    help="workload profile to run (default: ci on a CPU runner, full on a GPU runner)")
+    group.addoption("--memcheck-device", metavar="DEVICE", default="auto",
+                    help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
+    group.addoption("--memcheck-timeout", metavar="SECONDS", type=float, default=None,
+                    help="give up on one item's round after this many seconds (an error verdict)")
+    group.addoption("--memcheck-no-host-heap", action="store_true", default=False,
+                    help="switch off tracemalloc (host.heap_alloc.peak becomes null)")
+    group.addoption("--memcheck-sample-period", metavar="MS", type=float, default=10.0,
+                    help="NVML and allocator sampling period in milliseconds (default 10)")

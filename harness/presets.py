@@ -1,0 +1,149 @@
+"""Model presets: the published architectures (shared/reference/model_configs.md), as transformers configs.
+
+Weights are never downloaded: a stack builds the model from this config and fills it with seeded
+random weights. A workload may override any architecture field to scale the model down.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+# Short names users write in workloads, mapped to the transformers config field.
+ALIASES = {
+    "layers": "num_hidden_layers",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "experts": "n_routed_experts",
+}
+
+_YARN_V2 = {
+    "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
+    "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32.0, "beta_slow": 1.0,
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    model_type: str  # transformers model_type
+    family: str  # dense | mla-moe | vision-language
+    config: dict = field(default_factory=dict)
+    # Vision-language presets: the language model's fields live in config["text_config"], and
+    # top-level overrides apply there; the towers are overridden through `vision` / `high_res_vision`.
+    text_key: str | None = None
+    image_tokens: int = 0
+
+    def text_config(self, config: dict) -> dict:
+        return config[self.text_key] if self.text_key else config
+
+    def fields(self) -> set[str]:
+        names = set(self.text_config(self.config)) | set(ALIASES)
+        if self.text_key:
+            names |= {"vision", "high_res_vision"}
+        return names - {"model_type", "rope_parameters"}
+
+    def resolve(self, overrides: dict) -> dict:
+        """The preset's config with a workload's overrides applied (aliases resolved)."""
+        config = copy.deepcopy(self.config)
+        text = self.text_config(config)
+        for key, value in overrides.items():
+            if key in ("vision", "high_res_vision") and self.text_key:
+                config[f"{key}_config"].update(value)
+            else:
+                text[ALIASES.get(key, key)] = value
+        if "num_key_value_heads" in text and "num_attention_heads" in text and "num_key_value_heads" not in overrides \
+                and "kv_heads" not in overrides and text["num_key_value_heads"] > text["num_attention_heads"]:
+            text["num_key_value_heads"] = text["num_attention_heads"]
+        # A scaled-down vocabulary cannot hold the preset's special token ids: drop them
+        # (generation runs with min_new_tokens, so no end-of-sequence token is needed).
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if isinstance(text.get(key), int) and text[key] >= text.get("vocab_size", 0):
+                text[key] = None
+        return config
+
+
+PRESETS: dict[str, Preset] = {}
+
+
+def _add(preset: Preset) -> None:
+    PRESETS[preset.name] = preset
+
+
+_add(Preset(
+    "r1-distill-qwen-7b", "qwen2", "dense",
+    {
+        "model_type": "qwen2", "num_hidden_layers": 28, "hidden_size": 3584, "intermediate_size": 18944,
+        "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+        "max_position_embeddings": 131072, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "use_sliding_window": False, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "bos_token_id": 151643, "eos_token_id": 151643,
+    },
+))
+
+_add(Preset(
+    "deepseek-vl-7b", "deepseek_vl_hybrid", "vision-language",
+    {
+        "model_type": "deepseek_vl_hybrid",
+        "text_config": {
+            "model_type": "llama", "num_hidden_layers": 30, "hidden_size": 4096, "intermediate_size": 11008,
+            "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "vocab_size": 102400,
+            "max_position_embeddings": 16384, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "rms_norm_eps": 1e-6,
+        },
+        # siglip_large_patch16_384
+        "vision_config": {
+            "model_type": "siglip_vision_model", "hidden_size": 1024, "intermediate_size": 4096,
+            "num_hidden_layers": 24, "num_attention_heads": 16, "image_size": 384, "patch_size": 16,
+        },
+        # sam_b_downsample at 1024 px
+        "high_res_vision_config": {
+            "model_type": "sam_vision_model", "hidden_size": 768, "num_hidden_layers": 12,
+            "num_attention_heads": 12, "image_size": 1024, "patch_size": 16, "output_channels": 256,
+            "global_attn_indexes": [2, 5, 8, 11],
+        },
+        "image_token_id": 100015,
+    },
+    text_key="text_config",
+    image_tokens=576,
+))
+
+_V2_COMMON = {
+    "model_type": "deepseek_v2", "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1,
+    "vocab_size": 102400, "max_position_embeddings": 163840, "rope_parameters": _YARN_V2,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "bos_token_id": 100000, "eos_token_id": 100001,
+}
+
+_add(Preset(
+    "deepseek-v2-lite", "deepseek_v2", "mla-moe",
+    {
+        **_V2_COMMON, "num_hidden_layers": 27, "hidden_size": 2048, "intermediate_size": 10944,
+        "moe_intermediate_size": 1408, "num_attention_heads": 16, "num_key_value_heads": 16,
+        "q_lora_rank": None, "n_routed_experts": 64, "topk_method": "greedy", "n_group": 1, "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+    },
+))
+
+_add(Preset(
+    "deepseek-v2", "deepseek_v2", "mla-moe",
+    {
+        **_V2_COMMON, "num_hidden_layers": 60, "hidden_size": 5120, "intermediate_size": 12288,
+        "moe_intermediate_size": 1536, "num_attention_heads": 128, "num_key_value_heads": 128,
+        "q_lora_rank": 1536, "n_routed_experts": 160, "topk_method": "group_limited_greedy", "n_group": 8,
+        "topk_group": 3, "routed_scaling_factor": 16.0,
+    },
+))
+
+_add(Preset(
+    "deepseek-v3", "deepseek_v3", "mla-moe",
+    {
+        "model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168, "intermediate_size": 18432,
+        "moe_intermediate_size": 2048, "num_attention_heads": 128, "num_key_value_heads": 128,
+        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+        "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5, "vocab_size": 129280, "max_position_embeddings": 163840,
+        "rope_parameters": {**_YARN_V2, "mscale": 1.0, "mscale_all_dim": 1.0},
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
+    },
+))

@@ -1,0 +1,30 @@
+"""The table printed at the end of a pytest session (and by the console script)."""
+from __future__ import annotations
+
+from .. import units
+from ..metrics.catalog import METRICS
+
+# The columns a reviewer scans first; everything else is in the JSON and Markdown reports.
+COLUMNS = ("gpu.heap_alloc.peak", "cpu.heap_alloc.peak", "kv.bytes.peak", "kv.waste.peak", "host.rss.peak")
+
+
+def table(report) -> list[str]:
+    rows = [("item", "verdict", *COLUMNS)]
+    for r in report.items:
+        metrics = r.measurement.metrics
+        cells = []
+        for name in COLUMNS:
+            v = metrics.get(name)
+            cells.append("-" if v is None or v.value is None else units.format_value(v.value, METRICS[name].unit))
+        rows.append((r.id, r.verdict.upper() if r.failed else r.verdict, *cells))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for r in report.items:
+        if r.verdict not in ("pass", "new") or r.failed:
+            lines.append(f"{r.id}: {r.verdict}: {r.reason}")
+        if r.updated:
+            lines.append(f"{r.id}: baseline written to {r.baseline_path}: " + "; ".join(r.updated))
+    summary = ", ".join(f"{n} {v}" for v, n in report.summary.items())
+    lines.append(f"memcheck: {summary or 'no items'}")
+    return lines

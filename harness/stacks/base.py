@@ -1,0 +1,50 @@
+"""The stack interface: what a serving engine must do to run under memcheck's workloads."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..metrics.value import MetricValue
+
+
+@dataclass
+class RunResult:
+    """What a stack hands back after running a workload's requests."""
+
+    outputs: list[list[int]]  # generated token ids per request, in the workload's request order
+    metrics: dict[str, MetricValue] = field(default_factory=dict)  # kv.* and timing metrics the stack knows
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(o) for o in self.outputs)
+
+
+class Stack:
+    """Subclass, register under the entry-point group `memcheck.stacks`, and memcheck runs your engine.
+
+    The harness calls, inside its collectors: `prepare()` (build the model: its memory counts),
+    then `run(probe)` (serve every request; call `probe.step(n, **kv)` after each decode step),
+    then `close()`. A stack that cannot run here raises StackUnavailable from `check()`.
+    """
+
+    name = ""
+
+    def __init__(self, workload, device):
+        self.workload, self.device = workload, device
+
+    @classmethod
+    def check(cls, workload, device) -> None:
+        """Raise harness.errors.StackUnavailable(reason) if this runner cannot run the workload."""
+
+    def prepare(self) -> None:
+        raise NotImplementedError
+
+    def run(self, probe) -> RunResult:
+        raise NotImplementedError
+
+    def weights_bytes(self) -> int | None:
+        """Bytes of the model's parameters and buffers, for the analytic floor."""
+        return None
+
+    def close(self) -> None:
+        pass

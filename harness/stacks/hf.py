@@ -1,0 +1,95 @@
+"""The `hf` stack: stock transformers generate() with SDPA attention and its default (dynamic) cache.
+
+Stock generate() batches statically: requests that arrive at the same step form one batch,
+left-padded to the longest prompt, and decode until the longest request is done. That padding and
+over-decoding is what the KV metrics show as waste.
+"""
+from __future__ import annotations
+
+import time
+from itertools import groupby
+
+from ..errors import StackUnavailable
+from ..metrics.value import MetricValue
+from .base import RunResult, Stack
+from .kv import CacheWatcher
+
+SDPA = "sdpa"
+
+
+class HFStack(Stack):
+    name = "hf"
+
+    @classmethod
+    def check(cls, workload, device) -> None:
+        try:
+            import transformers  # noqa: F401
+        except ImportError as e:
+            raise StackUnavailable(f"transformers is not installed ({e})") from None
+        if any(r.images for r in workload.requests):
+            raise StackUnavailable("image requests through the hf stack are not supported yet")
+
+    def prepare(self) -> None:
+        from ..models import build_hf_model
+
+        self.model = build_hf_model(self.workload, self.device, attn_implementation=SDPA)
+        self.vocab = self.model.config.get_text_config().vocab_size
+
+    def weights_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
+
+    def run(self, probe) -> RunResult:
+        import torch
+
+        from ..models import prompt_ids
+
+        requests = self.workload.request_list()
+        prompts = prompt_ids(self.workload, self.vocab)
+        order = list(range(len(requests)))
+        outputs: list[list[int]] = [[] for _ in requests]
+        watcher = CacheWatcher(probe)
+        ttfts, tpots = [], []
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for _, wave in groupby(order, key=lambda i: requests[i].arrival_step):
+                wave = list(wave)
+                new_tokens = [requests[i].max_new_tokens for i in wave]
+                batch = self._batch([prompts[i] for i in wave])
+                watcher.begin_wave([len(prompts[i]) for i in wave], new_tokens, batch["input_ids"].shape[1])
+                handle = self.model.register_forward_hook(watcher.after_forward, with_kwargs=True)
+                try:
+                    out = self.model.generate(
+                        **batch, max_new_tokens=max(new_tokens), min_new_tokens=max(new_tokens), do_sample=False,
+                        pad_token_id=0, use_cache=True, return_dict_in_generate=True,
+                    )
+                finally:
+                    handle.remove()
+                gen = out.sequences[:, batch["input_ids"].shape[1]:].tolist()
+                for row, i in enumerate(wave):
+                    outputs[i] = gen[row][: requests[i].max_new_tokens]
+                ttfts.append(watcher.step_times[0])
+                tpots.extend(watcher.step_times[1:])
+                del out, batch
+        wall = time.perf_counter() - start
+        metrics = watcher.metrics()
+        tokens = sum(len(o) for o in outputs)
+        metrics["tokens_per_s"] = MetricValue(tokens / wall if wall else None)
+        metrics["ttft"] = MetricValue(sum(ttfts) / len(ttfts))
+        metrics["tpot"] = MetricValue(sum(tpots) / len(tpots)) if tpots else MetricValue.null("one new token only")
+        metrics["kv.blocks_unreclaimed"] = MetricValue.null("the hf stack's dynamic cache has no blocks")
+        return RunResult(outputs, metrics)
+
+    def _batch(self, prompts: list[list[int]]) -> dict:
+        """Left-padded batch, as stock generate() expects for decoder-only models."""
+        import torch
+
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
+        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+
+    def close(self) -> None:
+        self.model = None

@@ -1,0 +1,61 @@
+"""Run one round of one item in a fresh process, so each item's host metrics (RSS peak, faults) are its
+own and a crash (segfault, OOM kill) takes down only that item. Invoked by runner.py.
+
+    python -m harness.worker --file F --workload NAME --stack S --profile P --device D --out OUT.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.worker")
+    p.add_argument("--file", required=True)
+    p.add_argument("--workload", required=True)
+    p.add_argument("--stack", required=True)
+    p.add_argument("--profile", default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", required=True)
+    p.add_argument("--rootdir", default=".")
+    p.add_argument("--no-python-heap", action="store_true")
+    p.add_argument("--no-cpu-tensors", action="store_true")
+    p.add_argument("--sample-period-ms", type=float, default=10.0)
+    args = p.parse_args(argv)
+
+    from . import config, stacks, workload
+    from .errors import StackUnavailable, UsageError
+    from .measure import measure, resolve_device
+    from .measurement import Measurement
+    from .metrics.collect import CollectorOptions
+
+    try:
+        cfg = config.load(args.rootdir)
+        found = [w for w in workload.load_file(args.file, args.profile, stacks.names(), cfg.thresholds)
+                 if w.name == args.workload]
+        if not found:
+            raise UsageError(f"no workload named {args.workload!r}", args.file)
+        wl = found[0]
+        device = resolve_device(args.device)
+    except (UsageError, StackUnavailable) as e:
+        m = Measurement(args.workload, args.stack, args.file, args.profile)
+        m.error = {"kind": "usage", "message": str(e)}
+        _write(args.out, m)
+        return 0
+    options = CollectorOptions(python_heap=not args.no_python_heap, cpu_tensors=not args.no_cpu_tensors,
+                               sample_period_s=args.sample_period_ms / 1000)
+    _write(args.out, measure(wl, args.stack, device, options))
+    return 0
+
+
+def _write(path: str, m) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(m.to_json(), f)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
