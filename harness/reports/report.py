@@ -11,6 +11,10 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..errors import UsageError
+from ..measurement import Measurement
+from ..metrics.value import MetricValue
+from ..rules import Check
 from ..verdict import ItemResult
 
 SCHEMA = "memcheck.report/1"
@@ -35,13 +39,53 @@ class Report:
 
     @property
     def environment(self) -> dict:
-        envs = [r.measurement.environment for r in self.items if r.measurement.environment]
+        envs = self.environments
         return envs[0] if envs else {}
+
+    @property
+    def environments(self) -> list[dict]:
+        """One environment per device class that ran (a merged report may hold a CPU and a GPU job)."""
+        seen: dict[str, dict] = {}
+        for r in self.items:
+            env = r.measurement.environment
+            if env:
+                seen.setdefault(env.get("device_class") or "", env)
+        return list(seen.values())
+
+    def workloads(self) -> dict[str, list[ItemResult]]:
+        """Items grouped by workload, in report order: every stack that ran the workload."""
+        out: dict[str, list[ItemResult]] = {}
+        for r in self.items:
+            out.setdefault(r.measurement.workload, []).append(r)
+        return out
 
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "created": self.created, "profile": self.profile,
                 "environment": self.environment, "summary": self.summary, "failed": self.failed,
                 "items": [r.to_json() for r in self.items]}
+
+    @classmethod
+    def from_json(cls, data: dict, source: str = "report") -> "Report":
+        """Rebuild a report from its JSON (the inverse of to_json), checking the schema first."""
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+            raise UsageError(f"not a memcheck report: schema is {found!r}, expected {SCHEMA!r}", source)
+        try:
+            items = [_item_from_json(item) for item in data.get("items", [])]
+        except (KeyError, TypeError, ValueError) as e:
+            raise UsageError(f"malformed item in memcheck report: {type(e).__name__}: {e}", source) from None
+        return cls(items=items, profile=data.get("profile"), created=data.get("created") or cls().created)
+
+    @classmethod
+    def load(cls, path: str) -> "Report":
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except OSError as e:
+            raise UsageError(f"cannot read the report: {e.strerror}", path) from None
+        except json.JSONDecodeError as e:
+            raise UsageError(f"not JSON: {e.msg}", path, e.lineno) from None
+        return cls.from_json(data, path)
 
     def write_json(self, path: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -50,3 +94,39 @@ class Report:
             json.dump(self.to_json(), f, indent=1)
             f.write("\n")
         os.replace(tmp, path)
+
+
+_MEASUREMENT_FIELDS = ("workload", "stack", "file", "profile", "scaled", "digest", "metrics", "floors", "environment",
+                       "timeline", "artifacts", "notes", "error", "skipped", "rounds")
+
+
+def _item_from_json(data: dict) -> ItemResult:
+    m = Measurement.from_json({k: data[k] for k in _MEASUREMENT_FIELDS if k in data})
+    checks = [Check(c["metric"], c["status"], c.get("value"), c.get("baseline"), c.get("rule", ""),
+                    c.get("message", "")) for c in data.get("checks", [])]
+    base = data.get("baseline") or {}
+    result = ItemResult(m, data["verdict"], data.get("reason", ""), checks, base.get("path"), base.get("recorded"),
+                        list(data.get("incomparable_fields", [])),
+                        {k: MetricValue.from_json(v) for k, v in (base.get("metrics") or {}).items()},
+                        data.get("baseline_updated"))
+    # `failed` is derived; a report written with --memcheck-strict keeps its failing `new` items failing.
+    result.strict = bool(data.get("failed")) and result.verdict == "new"
+    return result
+
+
+def merge(reports: list[Report]) -> tuple[Report, list[str]]:
+    """One report from several (parallel CI jobs, xdist workers). An item measured twice keeps the report
+    created last; the second value lists what was replaced, for the caller to print."""
+    reports = sorted(reports, key=lambda r: r.created)
+    by_id: dict[str, ItemResult] = {}
+    replaced: list[str] = []
+    for report in reports:
+        for item in report.items:
+            key = f"{item.measurement.environment.get('device_class', '')}/{item.id}"
+            if key in by_id:
+                replaced.append(f"{item.id} ({item.measurement.environment.get('device_class', '?')}): "
+                                f"kept the result of the report created {report.created}")
+            by_id[key] = item
+    profiles = sorted({r.profile for r in reports if r.profile})
+    merged = Report(items=list(by_id.values()), profile=", ".join(profiles) or None)
+    return merged, replaced

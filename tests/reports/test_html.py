@@ -1,0 +1,74 @@
+"""The HTML report: one self-contained file, a plot per workload for every stack, escaping."""
+import re
+from html.parser import HTMLParser
+
+import reportfactory as f
+
+from harness.reports import html
+from harness.reports.report import merge
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.text = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _parse(page: str) -> _Collect:
+    p = _Collect()
+    p.feed(page)
+    return p
+
+
+def test_self_contained_with_a_plot_per_workload_and_stack(tmp_path):
+    merged, _ = merge([f.gpu_report(), f.cpu_report()])
+    path = tmp_path / "report.html"
+    html.write(merged, str(path))
+    page = path.read_text()
+    parsed = _parse(page)
+    tags = [t for t, _ in parsed.tags]
+    assert "script" not in tags
+    # nothing is fetched: no external stylesheet, image, font or frame
+    for tag, attrs in parsed.tags:
+        assert tag not in ("link", "img", "iframe", "object", "embed")
+        assert not str(attrs.get("src", "")).startswith("http")
+    assert "default-src 'none'" in page
+    # GPU workload: allocated and reserved of both stacks that ran; the skipped vllm stack has no line
+    gpu = page[page.index('id="r1-distill-batch8"'):page.index('id="deepseek-v2-lite-32k"')]
+    assert gpu.count("<svg") == 2  # GPU memory and KV cache panels
+    assert "GPU memory (torch allocator)" in gpu
+    for stack in ("hf", "paged"):
+        for series in ("allocated", "reserved"):
+            assert f"<title>{stack}: {series}</title>" in gpu
+    assert "<title>vllm" not in gpu
+    # CPU workload: the worker's RSS
+    cpu = page[page.index('id="tiny-dense-batch"'):]
+    assert "Host memory (resident set of the worker process)" in cpu
+    # verdict table, failing first; environment of both device classes
+    verdicts = page[page.index('id="verdicts"'):page.index('id="tiny-dense-batch"')]
+    order = re.findall(r'<td class="item"><a href="[^"]*"><code>([^<]+)</code>', verdicts)
+    assert order[:2] == ["r1-distill-batch8[hf]", "deepseek-v2-lite-32k[hf]"]
+    assert "<code>nvidia-h200</code>" in page and "<code>cpu-x86_64</code>" in page
+    assert 'href="memcheck-snapshots/r1-distill-batch8-hf.pickle"' in page
+
+
+def test_hostile_names_render_as_text():
+    page = html.render(f.hostile_report(), artifact_url="javascript:alert(1)")
+    parsed = _parse(page)
+    assert not [t for t, _ in parsed.tags if t in ("img", "script")]
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "<img" not in page
+    assert f.HOSTILE + "[hf]" in "".join(parsed.text)  # what a reader sees: the name, as typed
+    assert 'href="javascript' not in page
+
+
+def test_item_without_timeline_says_so():
+    page = html.render(f.gpu_report())
+    section = page[page.index('id="deepseek-v2-lite-32k"'):]
+    assert "No memory-over-time samples" in section

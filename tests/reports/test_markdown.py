@@ -1,0 +1,93 @@
+"""The Markdown report: the merge-request comment body, escaping of user-controlled text, shortening."""
+import re
+
+import reportfactory as f
+
+from harness.reports import markdown
+from harness.reports.report import Report, merge
+
+
+def test_comment_starts_with_marker_and_lists_every_item():
+    body = markdown.render(f.gpu_report(), artifact_url="https://ci.example/jobs/7/artifacts")
+    assert body.startswith(markdown.MARKER + "\n")
+    assert "## memcheck: ❌ memory regression" in body
+    for item in ("`r1-distill-batch8[hf]`", "`r1-distill-batch8[paged]`", "`r1-distill-batch8[vllm]`",
+                 "`deepseek-v2-lite-32k[hf]`"):
+        assert item in body
+    assert "<details open><summary>❌ <code>r1-distill-batch8[hf]</code>: regressed</summary>" in body
+    assert "| `gpu.heap_alloc.peak` | 16.34 GiB | 18.30 GiB | +1.96 GiB (+12.00%) |" in body
+    assert "[Full report](https://ci.example/jobs/7/artifacts)" in body
+    # the allocator snapshot of the regressed item is linked, with where to open it
+    assert "`memcheck-snapshots/r1-distill-batch8-hf.pickle`" in body
+    assert markdown.MEMORY_VIZ in body
+
+
+def test_merged_report_shows_both_environments():
+    merged, _ = merge([f.gpu_report(), f.cpu_report()])
+    body = markdown.render(merged)
+    assert "| `nvidia-h200` | NVIDIA H200 | 580.65.06 |" in body
+    assert "| `cpu-x86_64` | - | - | 2.13.0+cpu |" in body
+
+
+def _outside_code(body: str) -> str:
+    """The body with code spans and <code> elements removed: what Markdown would interpret."""
+    body = re.sub(r"<code>.*?</code>", "", body)
+    return re.sub(r"(`+).*?\1", "", body)
+
+
+def test_hostile_names_render_as_text():
+    report = f.hostile_report()
+    body = markdown.render(report)
+    # No raw tag anywhere outside code spans; inside a code span HTML is inert and shown literally.
+    assert "<img" not in _outside_code(body)
+    assert "`<img src=x onerror=alert(1)>[hf]`" in body  # the item cell: a code span, shown as typed
+    assert "<code>&lt;img src=x onerror=alert(1)&gt;[hf]</code>" in body  # inside the raw-HTML <summary>
+    assert "&lt;img src=x onerror=alert\\(1\\)&gt;" in body  # the reason: entity-escaped text
+    assert "\\[click\\]\\(javascript:alert\\(1\\)\\)" in body  # no link
+    assert "@everyone" not in body  # no mention
+    # every table row still has exactly its columns: pipes in user text are escaped
+    for line in body.splitlines():
+        if line.startswith("| `<img"):
+            assert len(re.findall(r"(?<!\\)\|", line)) == 4
+
+
+def test_code_span_fences_backticks():
+    assert markdown.code_span("a`b") == "``a`b``"
+    assert markdown.code_span("`x`") == "`` `x` ``"
+    assert markdown.code_span("a|b") == "`a\\|b`"
+
+
+def test_unsafe_artifact_url_is_dropped():
+    body = markdown.render(f.cpu_report(), artifact_url="javascript:alert(1)")
+    assert "javascript" not in body
+
+
+def _big_report(n: int) -> Report:
+    base = f.gpu_report()
+    items = []
+    for i in range(n):
+        for r in base.items:
+            clone = Report.from_json({"schema": "memcheck.report/1", "items": [r.to_json()]}).items[0]
+            clone.measurement.workload = f"w{i:04d}-{r.measurement.workload}"
+            items.append(clone)
+    return Report(items=items, profile="full")
+
+
+def test_body_over_limit_is_shortened_with_a_link():
+    report = _big_report(40)
+    full = markdown.render(report)
+    assert len(full) > 65536
+    body = markdown.render(report, artifact_url="https://ci.example/r", limit=65536, platform="GitHub")
+    assert len(body) <= 65536
+    assert body.startswith(markdown.MARKER)
+    assert "Shortened** to fit GitHub's limit of 65,536 characters" in body
+    assert "[Full report](https://ci.example/r)" in body
+    # failed items keep their metric tables ahead of passing ones
+    assert "<details open><summary>❌ <code>w0000-r1-distill-batch8[hf]</code>" in body
+
+
+def test_body_far_over_limit_is_cut_but_keeps_marker():
+    body = markdown.render(_big_report(40), limit=3000, platform="GitLab")
+    assert len(body) <= 3000
+    assert body.startswith(markdown.MARKER)
+    assert "The full report is in the job's artifacts" in body

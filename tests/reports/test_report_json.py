@@ -1,0 +1,70 @@
+"""The report JSON (memcheck.report/1): load it back, merge reports from parallel jobs and xdist workers."""
+import json
+
+import pytest
+import reportfactory as f
+
+from harness.cli import main
+from harness.errors import UsageError
+from harness.reports.report import Report, merge
+
+
+def test_round_trip_is_exact(tmp_path):
+    report = f.gpu_report()
+    path = f.write(report, tmp_path / "r.json")
+    assert Report.load(path).to_json() == report.to_json()
+
+
+def test_load_names_the_file_on_a_wrong_schema(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "memcheck.baseline/1"}))
+    with pytest.raises(UsageError, match=r"bad.json: not a memcheck report: schema is 'memcheck.baseline/1'"):
+        Report.load(str(bad))
+    bad.write_text("{")
+    with pytest.raises(UsageError, match=r"bad.json:1: not JSON"):
+        Report.load(str(bad))
+
+
+def test_merge_two_jobs():
+    gpu, cpu = f.gpu_report(), f.cpu_report()
+    merged, replaced = merge([gpu, cpu])
+    assert replaced == []
+    assert [r.id for r in merged.items] == [r.id for r in cpu.items + gpu.items]  # oldest report first
+    assert merged.summary == {"regressed": 1, "error": 1, "pass": 2, "skipped": 1}
+    assert merged.failed
+    assert merged.profile == "ci, full"
+    assert [e["device_class"] for e in merged.environments] == ["cpu-x86_64", "nvidia-h200"]
+
+
+def test_merge_keeps_the_newer_result_of_an_item_run_twice():
+    old, new = f.cpu_report(), f.cpu_report()
+    new.created = "2026-11-30T00:00:00+00:00"
+    new.items[0].verdict = "improved"
+    merged, replaced = merge([new, old])
+    assert len(merged.items) == 1 and merged.items[0].verdict == "improved"
+    assert replaced == ["tiny-dense-batch[hf] (cpu-x86_64): kept the result of the report created "
+                        "2026-11-30T00:00:00+00:00"]
+
+
+def test_same_item_on_two_device_classes_is_two_items():
+    cpu = f.cpu_report()
+    gpu = f.cpu_report()
+    gpu.items[0].measurement.environment = dict(f.GPU_ENV)
+    merged, replaced = merge([cpu, gpu])
+    assert len(merged.items) == 2 and not replaced
+
+
+def test_memcheck_merge_command(tmp_path, capsys):
+    a = f.write(f.gpu_report(), tmp_path / "gpu.json")
+    b = f.write(f.cpu_report(), tmp_path / "cpu.json")
+    out = tmp_path / "merged.json"
+    assert main(["merge", "-o", str(out), a, b]) == 0
+    merged = Report.load(str(out))
+    assert len(merged.items) == 5
+    assert "merged 2 reports (5 items) into" in capsys.readouterr().out
+
+
+def test_memcheck_merge_skips_nothing_silently(tmp_path, capsys):
+    a = f.write(f.cpu_report(), tmp_path / "a.json")
+    assert main(["merge", "-o", str(tmp_path / "m.json"), a, str(tmp_path / "missing.json")]) == 4
+    assert "missing.json: cannot read the report" in capsys.readouterr().err
