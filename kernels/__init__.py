@@ -48,7 +48,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale):
     [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]. Returns [num_seqs, num_heads,
     kv_lora_rank] in latent space; the caller applies W_UV."""
     if use_triton(q_latent):
-        from .mla_decode import mla_decode as impl
+        from .mla import mla_decode as impl
     else:
         from .reference import mla_decode as impl
     return impl(q_latent, q_pe, latent_cache, block_table, seq_lens, scale)

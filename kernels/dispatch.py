@@ -53,3 +53,30 @@ def upcast_dots(t) -> bool:
     import torch
 
     return t.device.type == "cpu" and t.dtype == torch.bfloat16
+
+
+_RESIDENT: dict = {}
+
+
+def resident_programs(kernel_fn, key, device, num_warps: int, warmup) -> int:
+    """How many programs of a compiled kernel fit on the GPU at once (multiprocessors x programs
+    per multiprocessor, from its registers and shared memory): the grid of a one-wave launch.
+    `warmup()` compiles the kernel without running it; the answer is cached under `key`."""
+    if device.type != "cuda":
+        return sm_count(device)
+    full_key = (kernel_fn, key, device.index)
+    if full_key not in _RESIDENT:
+        import torch
+
+        compiled = warmup()
+        compiled._init_handles()
+        props = torch.cuda.get_device_properties(device)
+        regs_per_sm = getattr(props, "regs_per_multiprocessor", 65536)
+        smem_per_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
+        threads_per_sm = getattr(props, "max_threads_per_multi_processor", 2048)
+        regs_per_warp = -(-compiled.n_regs * 32 // 256) * 256  # allocated per warp, 256 at a time
+        by_regs = (regs_per_sm // max(regs_per_warp, 256)) // num_warps
+        by_smem = smem_per_sm // (compiled.metadata.shared + 1024)  # 1 KiB reserved per block
+        by_threads = threads_per_sm // (32 * num_warps)
+        _RESIDENT[full_key] = props.multi_processor_count * max(1, min(by_regs, by_smem, by_threads, 32))
+    return _RESIDENT[full_key]

@@ -88,13 +88,13 @@ def _prefill(
              mask=row_mask[:, None] & dim_mask[None, :])
 
 
-def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale, max_q_len=None):
+def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale, max_q_len=None, *, out=None):
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     num_seqs = seq_lens.shape[0]
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     if num_tokens == 0 or num_seqs == 0:
         return out
     if max_q_len is None:

@@ -63,8 +63,8 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
             continue
         k = _gather(k_cache, block_table[i], length).transpose(0, 1)
         v = _gather(v_cache, block_table[i], length).transpose(0, 1)
-        q_pos = torch.arange(length - (end - start), length)
-        mask = torch.arange(length)[None, :] <= q_pos[:, None]  # [Q, L]
+        q_pos = torch.arange(length - (end - start), length, device=q.device)
+        mask = torch.arange(length, device=q.device)[None, :] <= q_pos[:, None]  # [Q, L]
         qi = q[start:end].reshape(end - start, num_kv_heads, group, head_dim).permute(1, 0, 2, 3)
         mask = mask[None, :, None, :].expand(num_kv_heads, -1, group, -1).reshape(num_kv_heads, -1, length)
         o = _attend(qi.reshape(num_kv_heads, -1, head_dim), k, v, scale, mask)
