@@ -3,6 +3,8 @@ as `pytest --memcheck` does in CI."""
 from __future__ import annotations
 
 import argparse
+import glob
+import os
 import sys
 
 
@@ -32,6 +34,108 @@ def _forward(ns) -> list[str]:
     return args
 
 
+USAGE_ERROR = 4  # pytest's exit code for a usage error
+
+
+def _error(message: str) -> int:
+    print(f"memcheck: error: {message}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+def _add_report_commands(sub) -> None:
+    comment = sub.add_parser(
+        "comment", help="post the report on the merge/pull request of this CI job, updating the same comment",
+        description="Post the Markdown report on the merge request (GitLab) or pull request (GitHub) of the "
+                    "current CI job; later runs update that same comment. Tokens are read from the environment "
+                    "only: MEMCHECK_GITLAB_TOKEN or GITLAB_TOKEN (GitLab), GITHUB_TOKEN (GitHub).")
+    comment.add_argument("--report", metavar="REPORT.json", required=True, nargs="+",
+                         help="the JSON report (several are merged first)")
+    comment.add_argument("--dry-run", action="store_true", help="print what would be sent; send nothing")
+    comment.add_argument("--platform", choices=("gitlab", "github"), help="default: detected from the CI variables")
+    comment.add_argument("--api-url", metavar="URL", help="API root (default: CI_API_V4_URL / GITHUB_API_URL)")
+    comment.add_argument("--project", metavar="ID", help="GitLab project id or path (default: "
+                                                         "CI_MERGE_REQUEST_PROJECT_ID, else CI_PROJECT_ID)")
+    comment.add_argument("--mr", metavar="IID", help="GitLab merge request IID (default: CI_MERGE_REQUEST_IID)")
+    comment.add_argument("--repo", metavar="OWNER/NAME", help="GitHub repository (default: GITHUB_REPOSITORY)")
+    comment.add_argument("--pr", metavar="NUMBER", help="GitHub pull request (default: from the event file)")
+    comment.add_argument("--event-path", metavar="FILE", help="GitHub event file (default: GITHUB_EVENT_PATH)")
+    comment.add_argument("--token-env", metavar="VAR", help="read the token from this variable instead")
+    comment.add_argument("--artifact-url", metavar="URL",
+                         help="where the full report is (default: the pipeline / triggering run page)")
+
+    merge = sub.add_parser("merge", help="merge reports of parallel jobs or xdist workers into one",
+                           description="Merge JSON reports into one. An item present in several keeps the "
+                                       "result of the report created last (and says so).")
+    merge.add_argument("reports", nargs="+", metavar="REPORT.json", help="reports, or folders of *.json reports")
+    merge.add_argument("-o", "--output", metavar="OUT.json", required=True, help="the merged report")
+
+    export = sub.add_parser("export", help="write the HTML report, Markdown, OpenMetrics, benchmark JSON, "
+                                           "Bencher JSON or the GitHub job summary from a JSON report")
+    export.add_argument("--report", metavar="REPORT.json", required=True, nargs="+",
+                        help="the JSON report (several are merged first)")
+    export.add_argument("--html", metavar="FILE.html", help="self-contained HTML report with memory plots")
+    export.add_argument("--markdown", metavar="FILE.md", help="the Markdown report")
+    export.add_argument("--openmetrics", metavar="FILE.txt", help="GitLab metrics report (OpenMetrics text)")
+    export.add_argument("--benchmark-json", metavar="FILE.json",
+                        help="github-action-benchmark customSmallerIsBetter JSON (memory and time metrics)")
+    export.add_argument("--benchmark-json-bigger", metavar="FILE.json",
+                        help="github-action-benchmark customBiggerIsBetter JSON (throughput)")
+    export.add_argument("--bencher", metavar="FILE.json", help="Bencher Metric Format JSON")
+    export.add_argument("--device-class", metavar="NAME", help="the device class to export to Bencher when the "
+                                                               "report holds several")
+    export.add_argument("--github-summary", action="store_true", help="append the Markdown report to "
+                                                                      "$GITHUB_STEP_SUMMARY")
+    export.add_argument("--artifact-url", metavar="URL", help="link to the full report in the Markdown")
+
+
+def _load_reports(paths: list[str]):
+    from .errors import UsageError
+    from .reports.report import Report, merge
+
+    files = []
+    for path in paths:
+        files += sorted(glob.glob(os.path.join(path, "*.json"))) if os.path.isdir(path) else [path]
+    if not files:
+        raise UsageError(f"no *.json report in {', '.join(paths)}")
+    reports = [Report.load(f) for f in files]
+    merged, replaced = merge(reports) if len(reports) > 1 else (reports[0], [])
+    return merged, replaced, len(files)
+
+
+def _run_report_command(ns) -> int:
+    from .errors import UsageError
+    from .publish import Options, PublishError, publish
+
+    try:
+        report, replaced, count = _load_reports(ns.reports if ns.command == "merge" else ns.report)
+        for line in replaced:
+            print(f"memcheck merge: {line}", file=sys.stderr)
+        if ns.command == "merge":
+            report.write_json(ns.output)
+            print(f"memcheck merge: merged {count} reports ({len(report.items)} items) into {ns.output}")
+            return 0
+        if ns.command == "export":
+            from .reports import exports
+
+            written = exports.write(report, html=ns.html, markdown=ns.markdown, openmetrics_path=ns.openmetrics,
+                                    benchmark=ns.benchmark_json, benchmark_bigger=ns.benchmark_json_bigger,
+                                    bencher_path=ns.bencher, bencher_device_class=ns.device_class,
+                                    step_summary=ns.github_summary, artifact_url=ns.artifact_url)
+            if ns.github_summary and not os.environ.get("GITHUB_STEP_SUMMARY"):
+                return _error("--github-summary: GITHUB_STEP_SUMMARY is not set (not in a GitHub Actions job)")
+            print("memcheck export: wrote " + (", ".join(written) if written else "nothing (no format chosen)"))
+            return 0
+        opts = Options(ns.platform, ns.api_url, ns.project, ns.mr, ns.repo, ns.pr, ns.event_path, ns.token_env,
+                       ns.artifact_url)
+        print(publish(report, opts, dry_run=ns.dry_run))
+        return 0
+    except UsageError as e:
+        return _error(str(e))
+    except PublishError as e:
+        print(f"memcheck comment: error: {e}", file=sys.stderr)
+        return 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="memcheck", description="Memory regression checks for LLM inference.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -42,7 +146,10 @@ def main(argv=None) -> int:
     bsub = baseline.add_subparsers(dest="action", required=True)
     refresh = bsub.add_parser("refresh", help="run workloads and write their baselines, printing what changed")
     _common(refresh)
+    _add_report_commands(sub)
     ns = parser.parse_args(argv)
+    if ns.command in ("comment", "merge", "export"):
+        return _run_report_command(ns)
     args = _forward(ns)
     if ns.command == "run":
         return _pytest(args + (["--memcheck-strict"] if ns.strict else []))

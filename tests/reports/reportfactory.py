@@ -114,6 +114,16 @@ def hostile_report() -> Report:
     return Report(items=[item], profile="ci")
 
 
+def big_report(copies: int) -> Report:
+    """The GPU report's items `copies` times over, under distinct workload names: a body over GitHub's limit."""
+    items = []
+    for i in range(copies):
+        for r in gpu_report().items:
+            r.measurement.workload = f"w{i:04d}-{r.measurement.workload}"
+            items.append(r)
+    return Report(items=items, profile="full")
+
+
 def write(report: Report, path) -> str:
     report.write_json(str(path))
     return str(path)

@@ -4,7 +4,7 @@ import re
 import reportfactory as f
 
 from harness.reports import markdown
-from harness.reports.report import Report, merge
+from harness.reports.report import merge
 
 
 def test_comment_starts_with_marker_and_lists_every_item():
@@ -62,19 +62,8 @@ def test_unsafe_artifact_url_is_dropped():
     assert "javascript" not in body
 
 
-def _big_report(n: int) -> Report:
-    base = f.gpu_report()
-    items = []
-    for i in range(n):
-        for r in base.items:
-            clone = Report.from_json({"schema": "memcheck.report/1", "items": [r.to_json()]}).items[0]
-            clone.measurement.workload = f"w{i:04d}-{r.measurement.workload}"
-            items.append(clone)
-    return Report(items=items, profile="full")
-
-
 def test_body_over_limit_is_shortened_with_a_link():
-    report = _big_report(40)
+    report = f.big_report(40)
     full = markdown.render(report)
     assert len(full) > 65536
     body = markdown.render(report, artifact_url="https://ci.example/r", limit=65536, platform="GitHub")
@@ -87,7 +76,7 @@ def test_body_over_limit_is_shortened_with_a_link():
 
 
 def test_body_far_over_limit_is_cut_but_keeps_marker():
-    body = markdown.render(_big_report(40), limit=3000, platform="GitLab")
+    body = markdown.render(f.big_report(40), limit=3000, platform="GitLab")
     assert len(body) <= 3000
     assert body.startswith(markdown.MARKER)
     assert "The full report is in the job's artifacts" in body
