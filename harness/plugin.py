@@ -1,6 +1,7 @@
 """The pytest plugin: hooks and the session object only. Measuring, judging and reporting live elsewhere."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from . import options, stacks
 from .errors import UsageError
 from .fixture import memcheck, pytest_runtest_call  # noqa: F401 - registered through this plugin module
 from .reports import Report
-from .reports import terminal
+from .reports import snapshot, terminal
 from .runner import Settings, run_item
 from .workload import load_file
 
@@ -27,6 +28,7 @@ def pytest_configure(config):
                                        "memcheck's collectors and gate it against its baseline")
     if not config.getoption("memcheck"):
         return
+    pin_xdist_worker(os.environ)
     session = MemcheckSession(config)
     config.stash[STASH] = session
     config.pluginmanager.register(session, "memcheck-session")
@@ -51,7 +53,7 @@ class MemcheckSession:
         opt = config.getoption
         device = opt("memcheck_device")
         profile = opt("memcheck_profile") or (("ci" if device == "cpu" else default_profile()))
-        baselines = opt("memcheck_baselines") or os.path.join(root, self.project.baselines)
+        baselines = opt("memcheck_baselines") or _relative(os.path.join(root, self.project.baselines))
         self.settings = Settings(
             baselines=baselines, profile=profile, device=device, update_baselines=opt("memcheck_update_baselines"),
             strict=opt("memcheck_strict"), rootdir=root, python_heap=not opt("memcheck_no_host_heap"),
@@ -84,20 +86,75 @@ class MemcheckSession:
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session):
+        workeroutput = getattr(self.config, "workeroutput", None)
+        if workeroutput is not None:  # an xdist worker: the controller merges and writes the reports
+            workeroutput["memcheck_report"] = json.dumps(self.report.to_json())
+            return
         opt = self.config.getoption
         if opt("memcheck_report"):
             self.report.write_json(opt("memcheck_report"))
-        if opt("memcheck_markdown"):
-            from .reports.markdown import render
+        from .reports import exports
 
-            Path(opt("memcheck_markdown")).write_text(render(self.report))
+        exports.write(self.report, markdown=opt("memcheck_markdown"), html=opt("memcheck_html"),
+                      openmetrics_path=opt("memcheck_openmetrics"), benchmark=opt("memcheck_benchmark_json"),
+                      bencher_path=opt("memcheck_bencher"),
+                      step_summary=not opt("memcheck_no_step_summary"))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        """xdist controller: take in the results of a worker that finished."""
+        data = getattr(node, "workeroutput", {}).get("memcheck_report")
+        if data:
+            self.report.items.extend(Report.from_json(json.loads(data)).items)
+
+    def snapshot_dir(self) -> str:
+        opt = self.config.getoption
+        if opt("memcheck_snapshots"):
+            return opt("memcheck_snapshots")
+        if opt("memcheck_report"):
+            return os.path.join(os.path.dirname(os.path.abspath(opt("memcheck_report"))), "memcheck-snapshots")
+        return os.path.join(str(self.config.rootpath), ".memcheck", "snapshots")
+
+    def save_snapshot(self, item: "WorkloadItem", result) -> None:
+        """A regressed item on a CUDA runner: rerun it with allocator history on, link the pickle."""
+        path, note = snapshot.capture(item.workload, item.stack, self.settings, self.snapshot_dir())
+        result.measurement.notes.append(note)
+        if path:
+            report = self.config.getoption("memcheck_report")
+            base = os.path.dirname(os.path.abspath(report)) if report else os.getcwd()
+            result.measurement.artifacts["allocator_snapshot"] = os.path.relpath(path, base)
+
+
+def pin_xdist_worker(env) -> str | None:
+    """Under pytest-xdist, give worker gwN its own GPU: CUDA_VISIBLE_DEVICES for the measuring processes it
+    starts (N modulo the GPUs visible). Returns the device it was pinned to, or None."""
+    worker = env.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        devices = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        import torch
+
+        devices = [str(i) for i in range(torch.cuda.device_count())]
+    if not devices:
+        return None
+    env["CUDA_VISIBLE_DEVICES"] = devices[int(worker[2:]) % len(devices)]
+    return env["CUDA_VISIBLE_DEVICES"]
+
+
+def _relative(path) -> str:
+    """Paths in messages and reports as the user typed them: relative to where pytest was started."""
+    rel = os.path.relpath(path)
+    return str(path) if rel.startswith("..") else rel
 
 
 class WorkloadFile(pytest.File):
     def collect(self):
         mc: MemcheckSession = self.config.stash[STASH]
         try:
-            workloads = load_file(str(self.path), mc.settings.profile, stacks.names(), mc.project.thresholds)
+            workloads = load_file(_relative(self.path), mc.settings.profile, stacks.names(), mc.project.thresholds)
         except UsageError as e:
             mc.errors.append(str(e))
             return
@@ -115,6 +172,8 @@ class WorkloadItem(pytest.Item):
     def runtest(self):
         mc: MemcheckSession = self.config.stash[STASH]
         self.result = run_item(self.workload, self.stack, mc.settings)
+        if snapshot.wanted(self.result):
+            mc.save_snapshot(self, self.result)
         mc.report.items.append(self.result)
         for check in self.result.checks:
             self.user_properties.append((f"memcheck.{check.metric}", check.value))

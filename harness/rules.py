@@ -137,6 +137,10 @@ def _parse_amount(raw, unit: str) -> float:
         return float(units.parse_size(raw))
     if unit == "ratio" and units.is_percent(raw):
         return units.parse_percent(raw)
+    try:  # a plain number inside a string, as in "10% and 8"
+        return float(raw)
+    except (TypeError, ValueError):
+        pass
     kind = {"bytes": "a percentage (2%) or a size (64MiB)", "ratio": "a percentage (2%) or a number"}
     raise ValueError(f"{raw!r} is not {kind.get(unit, 'a percentage (2%) or a number')}")
 

@@ -1,0 +1,74 @@
+"""End-to-end fixtures: a throwaway project with a real tiny workload and a real stack plugin.
+
+The `toy` stack is installed the way pip installs any plugin (a dist-info folder with an
+entry_points.txt on the path), and is the stock hf stack plus one real knob: TOY_EXTRA_MIB keeps
+that many extra MiB of tensors alive during the run - the kind of change a regression is.
+"""
+import textwrap
+
+import pytest
+
+TOY_STACK = '''
+import os, signal
+import torch
+from harness.stacks.hf import HFStack
+
+
+class ToyStack(HFStack):
+    name = "toy"
+
+    def run(self, probe):
+        if self.workload.name.startswith("crash"):
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if self.workload.name.startswith("oom"):
+            torch.empty(1 << 50, dtype=torch.uint8)
+        extra = int(os.environ.get("TOY_EXTRA_MIB", "0"))
+        held = torch.ones(extra * 2**18) if extra else None
+        result = super().run(probe)
+        del held
+        return result
+'''
+
+WORKLOAD = """\
+name: {name}
+model:
+  preset: r1-distill-qwen-7b
+  layers: 1
+  hidden_size: 64
+  intermediate_size: 128
+  num_attention_heads: 2
+  num_key_value_heads: 1
+  vocab_size: 128
+requests:
+  - count: 2
+    prompt_tokens: 8
+    max_new_tokens: 4
+stacks: [{stacks}]
+"""
+
+
+def workload(name="tiny", stacks="toy") -> str:
+    return WORKLOAD.format(name=name, stacks=stacks)
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    site = pytester.mkdir("site")
+    (site / "toystack.py").write_text(TOY_STACK)
+    info = site / "toystack-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toystack\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[memcheck.stacks]\ntoy = toystack:ToyStack\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.delenv("TOY_EXTRA_MIB", raising=False)
+    pytester.makefile(".toml", pyproject="[tool.memcheck]\n")
+    (pytester.mkdir("suites") / "tiny.yaml").write_text(workload())
+    return pytester
+
+
+def run(pytester, *args):
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+
+
+def dedent(text: str) -> str:
+    return textwrap.dedent(text)

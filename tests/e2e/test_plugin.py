@@ -1,0 +1,78 @@
+"""The plugin's surface: collection, ids, selection, usage errors, reports, the fixture."""
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+from conftest import dedent, run, workload
+
+
+def test_without_memcheck_the_plugin_does_nothing(project):
+    result = run(project, "suites", "--collect-only", "-q")
+    assert "tiny[toy]" not in result.stdout.str()
+
+
+def test_one_item_per_workload_and_stack_selectable_with_k(project):
+    (project.path / "suites" / "two.yaml").write_text(workload("pair", "toy, hf"))
+    result = run(project, "--memcheck", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["*tiny.yaml::tiny[[]toy[]]", "*two.yaml::pair[[]toy[]]", "*two.yaml::pair[[]hf[]]"])
+    result = run(project, "--memcheck", "--collect-only", "-q", "-k", "pair and hf")
+    assert "pair[hf]" in result.stdout.str() and "pair[toy]" not in result.stdout.str()
+
+
+def test_bad_workload_is_a_one_line_usage_error(project):
+    (project.path / "suites" / "bad.yaml").write_text(workload("bad").replace("count: 2", "count: -2"))
+    result = run(project, "--memcheck")
+    assert result.ret == 4  # pytest's usage-error exit code
+    err = result.stderr.str()
+    assert "ERROR: suites/bad.yaml:11: requests[0].count: must be at least 1, got -2\n" == err
+    assert "Traceback" not in err + result.stdout.str()
+
+
+def test_json_markdown_and_junit_reports(project):
+    result = run(project, "--memcheck", "--memcheck-report", "out/r.json", "--memcheck-markdown", "r.md",
+                 "--junitxml", "j.xml")
+    assert result.ret == 0
+    data = json.loads((project.path / "out" / "r.json").read_text())
+    assert data["schema"] == "memcheck.report/1" and data["summary"] == {"new": 1}
+    item = data["items"][0]
+    assert item["metrics"]["gpu.heap_alloc.peak"] == {"value": None, "reason": "no CUDA device on this runner"}
+    assert item["floors"]["kv"] > 0 and item["timeline"]
+    md = (project.path / "r.md").read_text()
+    assert md.startswith("<!-- memcheck-report -->") and "`tiny[toy]` (scaled)" in md
+    props = {p.get("name"): p.get("value") for p in ET.parse(project.path / "j.xml").iter("property")}
+    assert props["memcheck.verdict"] == "new" and float(props["memcheck.cpu.heap_alloc.peak"]) > 0
+
+
+MEMCHECK = os.path.join(os.path.dirname(sys.executable), "memcheck")  # the installed console script
+
+
+def test_console_script_refresh_prints_what_changed(project):
+    result = project.run(MEMCHECK, "baseline", "refresh")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*tiny[[]toy[]]: baseline written to baselines/cpu-x86_64/tiny/toy.json: new baseline*"])
+    result = project.run(MEMCHECK, "run")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["memcheck: 1 pass"])
+
+
+def test_fixture_and_marker_measure_python_blocks(project):
+    project.makepyfile(test_blocks=dedent("""
+        import pytest, torch
+
+        def test_block(memcheck):
+            with memcheck():
+                x = torch.ones(1024, 1024)
+            assert memcheck.measurement.metrics["cpu.heap_alloc.peak"].value == 4 * 2**20
+
+        @pytest.mark.memcheck(thresholds={"cpu.heap_alloc.peak": {"max_increase": "1%"}})
+        def test_marked():
+            torch.ones(int(__import__("os").environ.get("BLOCK_MIB", "1")) * 2**18)
+    """))
+    assert run(project, "--memcheck", "test_blocks.py", "--memcheck-update-baselines").ret == 0
+    assert (project.path / "baselines/cpu-x86_64/test_marked/python.json").is_file()
+    assert run(project, "--memcheck", "test_blocks.py").ret == 0
+    project._monkeypatch.setenv("BLOCK_MIB", "2")
+    result = run(project, "--memcheck", "test_blocks.py")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*test_marked[[]python[]]: regressed: cpu.heap_alloc.peak regressed*"])

@@ -1,0 +1,65 @@
+import mmap
+import resource
+
+import pytest
+import torch
+
+from harness.metrics import perf
+from harness.metrics.collect import CollectorOptions, Collectors
+from harness.metrics.torch_cpu import CpuTensorCollector
+
+PAGE = mmap.PAGESIZE
+
+
+def test_perf_plumbing_counts_the_page_faults_we_cause():
+    """perf_event_open works here for software events: touching N fresh 4 KiB pages faults N times."""
+    pages = 2000
+    buf = mmap.mmap(-1, pages * PAGE)
+    buf.madvise(mmap.MADV_NOHUGEPAGE)
+    counter = perf.page_faults()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    counter.start()
+    for i in range(pages):
+        buf[i * PAGE] = 1
+    counted = counter.stop()
+    by_rusage = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    counter.close()
+    assert pages <= counted <= pages * 1.2
+    assert abs(counted - by_rusage) <= pages * 0.2
+
+
+def test_dtlb_is_a_count_or_null_with_the_reason():
+    c = Collectors("cpu", CollectorOptions(cpu_tensors=False, in_process=True))
+    c.start()
+    c.run_started()
+    metrics = c.stop()
+    dtlb = metrics["host.dtlb_misses"]
+    if dtlb.value is None:
+        assert "data-TLB" in dtlb.reason and "perf_event_open" in dtlb.reason
+    else:
+        assert dtlb.value > 0
+
+
+def test_cpu_tensor_peak_is_exact():
+    c = CpuTensorCollector()
+    c.start()
+    a = torch.ones(1024, 1024)  # 4 MiB
+    b = torch.ones(2048, 1024)  # 8 MiB: peak 12 MiB
+    del a, b
+    c_ = torch.ones(256, 1024)  # 1 MiB after the peak
+    del c_
+    assert c.stop()["cpu.heap_alloc.peak"].value == 12 * 2**20
+
+
+def test_gpu_metrics_are_null_with_reason_on_a_cpu_runner():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA runner measures them")
+    c = Collectors("cpu", CollectorOptions(in_process=True))
+    c.start()
+    c.run_started()
+    x = torch.ones(1000)
+    metrics = c.stop()
+    for name in ("gpu.heap_alloc.peak", "gpu.reserved.peak", "gpu.device_used.peak", "gpu.fragmentation.peak"):
+        assert metrics[name].value is None and metrics[name].reason == "no CUDA device on this runner"
+    assert metrics["host.rss.peak"].value > 0 and "sampled" in metrics["host.rss.peak"].detail
+    del x
