@@ -49,7 +49,7 @@ def measure_rounds(workload, stack: str, settings: Settings) -> Measurement:
 def _measure_in_worker(workload, stack: str, s: Settings) -> Measurement:
     fd, out = tempfile.mkstemp(prefix="memcheck-", suffix=".json")
     os.close(fd)
-    cmd = [sys.executable, "-m", "harness.worker", "--file", workload.path, "--workload", workload.name,
+    cmd = [_python(stack, s.rootdir), "-m", "harness.worker", "--file", workload.path, "--workload", workload.name,
            "--stack", stack, "--device", s.device, "--out", out, "--rootdir", s.rootdir,
            "--sample-period-ms", str(s.sample_period_ms)]
     if workload.profile:
@@ -71,6 +71,16 @@ def _measure_in_worker(workload, stack: str, s: Settings) -> Measurement:
     finally:
         os.unlink(out)
     return m
+
+
+def _python(stack: str, rootdir: str) -> str:
+    """The worker's interpreter: the stack's own environment where it names one (vLLM's), else this one."""
+    from . import stacks
+
+    try:
+        return getattr(stacks.load(stack), "worker_python", lambda _: None)(rootdir) or sys.executable
+    except Exception:  # noqa: BLE001 - a stack that cannot even load reports why from inside the worker
+        return sys.executable
 
 
 def _source_root() -> str:

@@ -33,6 +33,12 @@ class Stack:
         self.workload, self.device = workload, device
 
     @classmethod
+    def worker_python(cls, rootdir: str) -> str | None:
+        """The Python interpreter to run this stack's worker with, for a stack that lives in an environment
+        of its own (vLLM pins its own torch); None: the harness's own interpreter."""
+        return None
+
+    @classmethod
     def check(cls, workload, device) -> None:
         """Raise harness.errors.StackUnavailable(reason) if this runner cannot run the workload."""
 
