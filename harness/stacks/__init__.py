@@ -9,7 +9,8 @@ from .base import RunResult, Stack
 
 GROUP = "memcheck.stacks"
 # Built-ins resolve from the source tree too (running from a checkout that is not installed).
-BUILTIN = {"hf": "harness.stacks.hf:HFStack"}
+BUILTIN = {"hf": "harness.stacks.hf:HFStack",
+           "vllm": "harness.stacks.vllm:VLLMStack"}
 
 __all__ = ["RunResult", "Stack", "StackUnavailable", "names", "load"]
 
