@@ -49,6 +49,7 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
             raise
     finally:
         weights = _safe(stack.weights_bytes)
+        workspace = _safe(getattr(stack, "workspace_bytes", lambda: None))  # declared by engine stacks
         stack.close()
         del stack
         gc.collect()
@@ -70,6 +71,8 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
     if weights is not None:
         m.floors["weights"] = weights
         m.floors["weights+kv"] = weights + m.floors["kv"]
+    if workspace is not None:
+        m.floors["workspace"] = workspace  # the stack's declared activation workspace, beside the floors
     return m
 
 

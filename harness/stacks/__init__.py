@@ -9,7 +9,7 @@ from .base import RunResult, Stack
 
 GROUP = "memcheck.stacks"
 # Built-ins resolve from the source tree too (running from a checkout that is not installed).
-BUILTIN = {"hf": "harness.stacks.hf:HFStack",
+BUILTIN = {"hf": "harness.stacks.hf:HFStack", "paged": "harness.stacks.paged:PagedStack",
            "vllm": "harness.stacks.vllm:VLLMStack"}
 
 __all__ = ["RunResult", "Stack", "StackUnavailable", "names", "load"]

@@ -1,0 +1,23 @@
+"""The `paged` stack: a continuous-batching engine on the paged-attention kernels (kernels/), with the
+model code of the three preset families and the same seeded weights as the `hf` stack.
+
+One concept per file, nano-vllm style:
+  config.py     ModelSpec (architecture from the transformers config), EngineConfig (workload engine:)
+  layers.py     RMSNorm, GatedMLP, Rotary
+  attention.py  GQA/MHA attention over the paged K/V cache (Llama, Qwen2, DeepSeek-VL's LM)
+  mla.py        multi-head latent attention over a latent-only cache (DeepSeek-V2/V3)
+  moe.py        Router (greedy / group_limited_greedy / noaux_tc), Experts, MoE with shared experts
+  model.py      CausalLM: decoder stack taking over the transformers model's parameters
+  context.py    StepContext: the batch layout one forward pass reads
+  kv_pool.py    KVPool: the cache allocation, per-layer views, page footprint
+  sequence.py   Request: a kernels.Sequence plus engine state
+  scheduler.py  Scheduler: token budget, chunked prefill, admission, preemption by recompute
+  runner.py     ModelRunner: packs a batch, runs the model, samples greedily
+  meter.py      KVMeter: kv.* metrics after every step
+  workspace.py  the declared activation workspace
+  engine.py     Engine: the arrival/schedule/run/finish loop
+  stack.py      PagedStack: the harness interface
+"""
+from .stack import PagedStack
+
+__all__ = ["PagedStack"]

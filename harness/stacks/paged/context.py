@@ -1,0 +1,35 @@
+"""What one forward pass needs to know about its batch: where each token's K/V goes, and which
+cached tokens each sequence attends over. Built by the model runner, read by every attention layer.
+
+Rows of a batch: decode tokens first (one per sequence, handed to the paged decode kernel), then the
+prefill chunks packed back to back (the paged prefill kernel)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class StepContext:
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64: cache slot of each token's K/V
+    num_decode: int  # the first num_decode rows are single-token steps
+    decode_block_table: torch.Tensor | None = None  # [num_decode, max_blocks] int32
+    decode_seq_lens: torch.Tensor | None = None  # [num_decode] int32, the new token included
+    prefill_block_table: torch.Tensor | None = None  # [num_prefill, max_blocks] int32
+    cu_seqlens_q: torch.Tensor | None = None  # [num_prefill + 1] int32, offsets within the prefill rows
+    prefill_seq_lens: torch.Tensor | None = None  # [num_prefill] int32: cached + new tokens
+    max_q_len: int = 0
+    prefill_q_lens_host: tuple[int, ...] = ()  # host copies, for per-sequence loops (MLA prefill)
+    prefill_seq_lens_host: tuple[int, ...] = ()
+    cos: torch.Tensor | None = None  # rotary tables for `positions`, set by the model
+    sin: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_tokens - self.num_decode

@@ -1,0 +1,66 @@
+"""Building blocks shared by every family: RMSNorm, the SiLU-gated MLP, rotary embeddings.
+
+Each computes what its transformers counterpart computes, in the same dtypes, so the paged model and
+the `hf` model agree to rounding."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), the activation and product done in place (two intermediate rows live, not four)."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.silu(self.gate_proj(x), inplace=True)
+        h.mul_(self.up_proj(x))
+        return self.down_proj(h)
+
+
+class Rotary:
+    """Rotary position embedding with the inverse frequencies and attention scaling of the transformers
+    model (yarn included), taken from its rotary module rather than recomputed.
+
+    neox: rotate halves (Llama, Qwen2), in the model dtype as transformers does.
+    interleaved: rotate (even, odd) pairs (DeepSeek), in float32; the result is laid out evens then
+    odds, a fixed permutation of the pair layout that leaves every q.k product unchanged."""
+
+    def __init__(self, inv_freq: torch.Tensor, scaling: float, interleaved: bool):
+        self.inv_freq, self.scaling, self.interleaved = inv_freq.float(), float(scaling), interleaved
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]  # [T, D/2]
+        cos, sin = freqs.cos() * self.scaling, freqs.sin() * self.scaling
+        if not self.interleaved:
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return cos, sin
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D] -> rotated, same shape and dtype."""
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        if self.interleaved:
+            x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
+        else:
+            half = x.shape[-1] // 2
+            x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)

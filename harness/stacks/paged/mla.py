@@ -1,0 +1,82 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) over a paged cache that holds only the latent: one
+(kv_lora_rank + qk_rope_head_dim)-wide row per token (576 for the published models), shared by all heads.
+
+Projections are absorbed: W_UK (from kv_b_proj) folds into the query, so attention runs in latent
+space straight over the cache, and W_UV maps the latent output back to per-head values. Decode rows
+go to kernels.mla_decode; prefill chunks attend per sequence (torch SDPA over the gathered latent
+prefix, query rows tiled so the score tile stays within the declared workspace)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernels
+
+from .config import ModelSpec
+from .context import StepContext
+from .layers import RMSNorm, Rotary
+
+
+class MLAttention(nn.Module):
+    def __init__(self, spec: ModelSpec, rotary: Rotary, score_elems: int):
+        super().__init__()
+        self.heads, self.rank, self.rope = spec.heads, spec.kv_lora_rank, spec.qk_rope_head_dim
+        self.nope, self.v_dim = spec.qk_nope_head_dim, spec.v_head_dim
+        qk = self.nope + self.rope
+        if spec.q_lora_rank:
+            self.q_a_proj = nn.Linear(spec.hidden, spec.q_lora_rank, bias=spec.o_bias)
+            self.q_a_layernorm = RMSNorm(spec.q_lora_rank, 1e-6)
+            self.q_b_proj = nn.Linear(spec.q_lora_rank, spec.heads * qk, bias=False)
+        else:
+            self.q_proj = nn.Linear(spec.hidden, spec.heads * qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(spec.hidden, self.rank + self.rope, bias=spec.o_bias)
+        self.kv_a_layernorm = RMSNorm(self.rank, 1e-6)
+        self.kv_b_proj = nn.Linear(self.rank, spec.heads * (self.nope + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(spec.heads * self.v_dim, spec.hidden, bias=spec.o_bias)
+        self.rotary = rotary
+        self.scale = qk ** -0.5  # the loader sets the transformers module's (yarn mscale included)
+        self.score_elems = score_elems  # cap on one prefill score tile (query rows x keys)
+        self.latent_cache = None  # [num_blocks, block_size, rank + rope], set by KVPool
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        t, h = x.shape[0], self.heads
+        q = self.q_proj(x) if hasattr(self, "q_proj") else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q_nope, q_pe = q.view(t, h, -1).split([self.nope, self.rope], dim=-1)
+        kv_c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
+        q_pe = self.rotary.apply(q_pe, ctx.cos, ctx.sin)
+        k_pe = self.rotary.apply(k_pe.reshape(t, 1, self.rope), ctx.cos, ctx.sin).view(t, self.rope)
+        kernels.write_latent(torch.cat((self.kv_a_layernorm(kv_c), k_pe), dim=-1), self.latent_cache,
+                             ctx.slot_mapping)
+        w = self.kv_b_proj.weight.view(h, self.nope + self.v_dim, self.rank)
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w[:, :self.nope]).transpose(0, 1)  # [t, h, rank]
+        del q, q_nope
+        out = torch.empty_like(q_latent)
+        nd = ctx.num_decode
+        if nd:
+            out[:nd] = kernels.mla_decode(q_latent[:nd].contiguous(), q_pe[:nd].contiguous(), self.latent_cache,
+                                          ctx.decode_block_table, ctx.decode_seq_lens, self.scale)
+        if nd < t:
+            self._prefill(q_latent[nd:], q_pe[nd:], out[nd:], ctx)
+        del q_latent, q_pe
+        o = torch.bmm(out.transpose(0, 1), w[:, self.nope:].transpose(1, 2))  # [h, t, v]
+        return self.o_proj(o.transpose(0, 1).reshape(t, h * self.v_dim))
+
+    def _prefill(self, q_latent, q_pe, out, ctx: StepContext) -> None:
+        """Each sequence's new rows sit at the end of its seq_len tokens: causal among themselves,
+        full view of the cached prefix. Rows are (token, head) pairs sharing one latent key/value."""
+        h, block_size = self.heads, self.latent_cache.shape[1]
+        start = 0
+        for i, (n, length) in enumerate(zip(ctx.prefill_q_lens_host, ctx.prefill_seq_lens_host)):
+            blocks = ctx.prefill_block_table[i, :-(-length // block_size)].long()
+            kv = self.latent_cache[blocks].flatten(0, 1)[:length][None, None]  # [1, 1, length, rank + rope]
+            q = torch.cat((q_latent[start:start + n], q_pe[start:start + n]), dim=-1)
+            keys = torch.arange(length, device=q.device)
+            tile = max(1, self.score_elems // (length * h))
+            for a in range(0, n, tile):
+                b = min(n, a + tile)
+                pos = torch.arange(length - n + a, length - n + b, device=q.device).repeat_interleave(h)
+                o = F.scaled_dot_product_attention(q[a:b].reshape(1, 1, (b - a) * h, -1), kv, kv[..., :self.rank],
+                                                   attn_mask=keys[None, :] <= pos[:, None], scale=self.scale)
+                out[start + a:start + b] = o.view(b - a, h, self.rank)
+            start += n

@@ -1,0 +1,97 @@
+"""The decoder the paged engine runs, for all three families, with the very tensors of the transformers
+model the `hf` stack builds for the same preset and seed.
+
+Module names mirror transformers' (model.layers.N.self_attn.q_proj, ...mlp.experts.gate_up_proj, lm_head),
+so the transformers state dict loads with assign=True: parameters are taken over, never copied, and
+the transformers model can be dropped. Tokens are packed: every tensor is [tokens, ...] for the whole
+batch, with no padding."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import Attention
+from .config import ModelSpec
+from .context import StepContext
+from .layers import GatedMLP, RMSNorm, Rotary
+from .mla import MLAttention
+from .moe import MoE
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, i: int, rotary: Rotary, score_elems: int):
+        super().__init__()
+        self.self_attn = (MLAttention(spec, rotary, score_elems) if spec.mla
+                          else Attention(spec, rotary, spec.qkv_bias))
+        self.mlp = MoE(spec) if spec.is_moe_layer(i) else GatedMLP(spec.hidden, spec.intermediate, spec.mlp_bias)
+        self.input_layernorm = RMSNorm(spec.hidden, spec.eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden, spec.eps)
+
+    def forward(self, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        a = self.self_attn(self.input_layernorm(h), ctx)
+        a += h
+        h = a
+        m = self.mlp(self.post_attention_layernorm(h))
+        m += h
+        return m
+
+
+class Decoder(nn.Module):
+    def __init__(self, spec: ModelSpec, rotary: Rotary, score_elems: int):
+        super().__init__()
+        self.rotary = rotary
+        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i, rotary, score_elems) for i in range(spec.layers))
+        self.norm = RMSNorm(spec.hidden, spec.eps)
+
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        ctx.cos, ctx.sin = self.rotary.cos_sin(ctx.positions, h.dtype)
+        for layer in self.layers:
+            h = layer(h, ctx)
+        return h
+
+
+class CausalLM(nn.Module):
+    def __init__(self, spec: ModelSpec, rotary: Rotary, score_elems: int):
+        super().__init__()
+        self.spec = spec
+        self.model = Decoder(spec, rotary, score_elems)
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """Hidden states [T, hidden] before the final norm."""
+        return self.model(input_ids, ctx)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the given rows only (the last token of each sequence that samples)."""
+        return F.linear(self.model.norm(hidden), self.lm_head.weight).float()
+
+    @classmethod
+    def from_hf(cls, hf_model, spec: ModelSpec, score_elems: int) -> "CausalLM":
+        """Take over the transformers model's parameters (same storage, no copy)."""
+        language, prefix = _language_model(hf_model)
+        rope = language.rotary_emb
+        rotary = Rotary(rope.inv_freq, rope.attention_scaling, spec.rope_interleave)
+        with torch.device("meta"):
+            model = cls(spec, rotary, score_elems)
+        state = {}
+        for name, tensor in hf_model.state_dict(keep_vars=True).items():
+            if name.startswith(prefix):
+                state["model." + name[len(prefix):]] = tensor
+            elif name.startswith("lm_head."):
+                state[name] = tensor
+        model.load_state_dict(state, strict=True, assign=True)
+        for layer, hf_layer in zip(model.model.layers, language.layers):
+            layer.self_attn.scale = float(hf_layer.self_attn.scaling)  # yarn mscale for DeepSeek
+        return model.eval().requires_grad_(False)
+
+
+def _language_model(hf_model):
+    """The decoder stack of a causal LM, or the language model of a vision-language model, and the
+    state-dict prefix of its tensors."""
+    inner = hf_model.model
+    if hasattr(inner, "language_model"):  # DeepseekVLHybrid: model.language_model.*, lm_head at the top
+        return inner.language_model, "model.language_model."
+    return inner, "model."

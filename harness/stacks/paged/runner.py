@@ -1,0 +1,61 @@
+"""The model runner: turns a scheduled batch into packed tensors (token ids, positions, cache slots,
+block tables), runs the model, and samples greedily from the last row of every sequence that reached
+the end of its tokens."""
+from __future__ import annotations
+
+import torch
+
+from kernels import BlockManager
+
+from .context import StepContext
+from .model import CausalLM
+from .sequence import Request
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, device):
+        self.model, self.device = model, device
+
+    @torch.inference_mode()
+    def step(self, batch: list[tuple[Request, int]], return_logits: bool = False):
+        """Feed each (sequence, n): its next n tokens. Returns {seq_id: token} for every sequence whose
+        last token was fed (and the float32 logits of those rows, in batch order, when asked)."""
+        decode = [(s, n) for s, n in batch if n == 1]
+        prefill = [(s, n) for s, n in batch if n > 1]
+        ids, positions, slots, sample_rows, samplers = [], [], [], [], []
+        for s, n in decode + prefill:
+            start, end = s.num_computed, s.num_computed + n
+            ids += s.token_ids[start:end]
+            positions += range(start, end)
+            slots += s.slot_mapping(start, end)
+            if end == len(s):
+                sample_rows.append(len(ids) - 1)
+                samplers.append(s)
+        ctx = self._context(decode, prefill, positions, slots)
+        hidden = self.model(self._tensor(ids, torch.int64), ctx)
+        logits = self.model.logits(hidden[self._tensor(sample_rows, torch.int64)])
+        del hidden
+        tokens = logits.argmax(-1).tolist()
+        sampled = {s.seq_id: t for s, t in zip(samplers, tokens)}
+        return (sampled, logits) if return_logits else sampled
+
+    def _context(self, decode, prefill, positions, slots) -> StepContext:
+        ctx = StepContext(self._tensor(positions, torch.int64), self._tensor(slots, torch.int64), len(decode))
+        if decode:
+            ctx.decode_block_table = BlockManager.block_tables([s for s, _ in decode], self.device)
+            ctx.decode_seq_lens = self._tensor([s.num_computed + 1 for s, _ in decode], torch.int32)
+        if prefill:
+            q_lens = [n for _, n in prefill]
+            seq_lens = [s.num_computed + n for s, n in prefill]
+            cu = [0]
+            for n in q_lens:
+                cu.append(cu[-1] + n)
+            ctx.prefill_block_table = BlockManager.block_tables([s for s, _ in prefill], self.device)
+            ctx.cu_seqlens_q = self._tensor(cu, torch.int32)
+            ctx.prefill_seq_lens = self._tensor(seq_lens, torch.int32)
+            ctx.max_q_len = max(q_lens)
+            ctx.prefill_q_lens_host, ctx.prefill_seq_lens_host = tuple(q_lens), tuple(seq_lens)
+        return ctx
+
+    def _tensor(self, values, dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)

@@ -1,0 +1,77 @@
+"""The activation workspace the engine declares: an upper bound on the bytes a forward pass holds
+beyond the weights and the KV pool, sized from the token budget (max_num_batched_tokens).
+
+Counted per token at the widest point of a layer (the residual stream the caller still holds, plus
+the phase's live intermediates), times the budget; plus the logits of the sampled rows, the decode
+kernels' partial results, the MLA prefill's score tile and gathered prefix, and on CUDA the cuBLAS
+workspace the torch allocator hands out. The harness reports it beside the floors (weights, KV):
+a stack whose peak above the weights exceeds KV + workspace by much has a transient nobody declared."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .config import EngineConfig, ModelSpec
+
+MLA_SCORE_ELEMS_PER_TOKEN_HEAD = 256  # one MLA prefill score tile: budget x heads x this many (row, key) pairs
+DECODE_SPLITS_BOUND = 16  # partitions per (sequence, head) the decode kernels write partials for
+CUBLAS_WORKSPACE = 36 << 20  # cuBLAS (32 MiB on Hopper) + cuBLASLt workspaces, from the caching allocator
+
+
+@dataclass
+class Workspace:
+    budget_tokens: int
+    parts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.parts.items() if v)
+        return (f"declared activation workspace: {self.total} bytes ({self.total / 2**20:.1f} MiB) for a budget of "
+                f"{self.budget_tokens} tokens per forward pass: {parts}")
+
+
+def mla_score_elems(spec: ModelSpec, cfg: EngineConfig) -> int:
+    return cfg.max_num_batched_tokens * spec.heads * MLA_SCORE_ELEMS_PER_TOKEN_HEAD
+
+
+def per_token_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
+    """Widest point of any layer, per token in the batch."""
+    e, h = dtype_bytes, spec.hidden
+    residual = 2 * h * e  # the layer's input (still held by the caller) and the new residual
+    norm = 2 * h * 4 + h * e  # float32 copy and its scaled copy, then the cast result
+    if spec.mla:
+        r, p, heads = spec.kv_lora_rank, spec.qk_rope_head_dim, spec.heads
+        q = heads * (spec.qk_nope_head_dim + p) * e + max(spec.q_lora_rank, 0) * e * 2
+        rope = 4 * heads * p * 4  # float32 halves and products of the rotated query part
+        latent = 3 * (r + p) * e  # projection, normed latent, concatenated row
+        attn = h * e + q + rope + latent + 2 * heads * r * e + 2 * heads * spec.v_head_dim * e + h * e
+    else:
+        q, kv = spec.heads * spec.head_dim * e, spec.kv_heads * spec.head_dim * e
+        attn = h * e + 4 * q + 6 * kv + q + h * e  # normed input, q/k/v and their rotation, output, o_proj
+    mlp = h * e + 2 * spec.intermediate * e + h * e  # normed input, gate (activated in place), up, down
+    if spec.n_routed_experts:
+        k, i = spec.top_k, spec.moe_intermediate
+        routed = k * (2 * h * e + 3 * i * e + h * 4)  # worst case: one expert takes every pick of the batch
+        router = 3 * spec.n_routed_experts * 4 + h * 4
+        shared = 2 * i * spec.n_shared_experts * e + h * e
+        mlp = max(mlp, h * e + h * e + router + max(routed, shared) + h * e)
+    return residual + max(norm, attn, mlp)
+
+
+def declare(spec: ModelSpec, cfg: EngineConfig, requests, dtype_bytes: int, on_cuda: bool) -> Workspace:
+    budget = cfg.max_num_batched_tokens
+    seqs = min(cfg.max_num_seqs, len(requests), budget)
+    ws = Workspace(budget)
+    ws.parts["layer activations"] = budget * per_token_bytes(spec, dtype_bytes)
+    ws.parts["logits"] = seqs * (spec.vocab * (dtype_bytes + 4) + spec.hidden * dtype_bytes * 2)
+    width = spec.kv_lora_rank if spec.mla else spec.head_dim
+    ws.parts["decode partials"] = seqs * spec.heads * DECODE_SPLITS_BOUND * (width + 1) * 4
+    if spec.mla:
+        longest = max(r.prompt_tokens + r.max_new_tokens for r in requests)
+        ws.parts["MLA prefill scores"] = mla_score_elems(spec, cfg) * 16
+        ws.parts["MLA prefill prefix"] = longest * spec.latent_width * dtype_bytes
+    if on_cuda:
+        ws.parts["cuBLAS workspace"] = CUBLAS_WORKSPACE
+    return ws
