@@ -51,6 +51,7 @@ class BlockMeter:
         self.collectors.step(step, **values)
 
     def __exit__(self, exc_type, exc, tb):
+        self.collectors.run_finished()
         metrics = self.collectors.stop()
         if metrics.get("cpu.heap_alloc.peak") and metrics["cpu.heap_alloc.peak"].value is not None:
             metrics["cpu.heap_alloc.peak"].detail = "torch profiler memory events, above what was live at entry"

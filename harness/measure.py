@@ -42,6 +42,7 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
         stack.prepare()
         collectors.run_started()
         result = stack.run(collectors)
+        collectors.run_finished()
     except BaseException as e:  # noqa: BLE001 - one failing workload must not stop the rest
         m.error = {"kind": _kind(e), "message": f"{type(e).__name__}: {e}".strip()[:2000]}
         m.notes.append(traceback.format_exc(limit=8))

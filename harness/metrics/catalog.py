@@ -15,7 +15,7 @@ class MetricSpec:
 
 _SPECS = [
     MetricSpec("gpu.heap_alloc.peak", "bytes", "peak bytes held by live tensors (torch caching allocator)"),
-    MetricSpec("gpu.heap_alloc.end", "bytes", "bytes still held after the workload ended, above what was held before it started"),
+    MetricSpec("gpu.heap_alloc.end", "bytes", "bytes still held when the run ended (model still loaded), above what was held before it started"),
     MetricSpec("gpu.reserved.peak", "bytes", "peak bytes the torch allocator took from the driver"),
     MetricSpec("gpu.device_used.peak", "bytes", "peak device memory seen by the driver for this process and its children (NVML, sampled)"),
     MetricSpec("gpu.fragmentation.peak", "ratio", "inactive split bytes / reserved bytes, at the sampled reserved peak"),

@@ -1,7 +1,8 @@
 """All collectors of one measurement, started and stopped together around a stack's work.
 
 Order: start() before the model is built (peaks include weights), run_started() before generation,
-step() from the stack after each decode step (timeline), stop() after the run's outputs are freed.
+step() from the stack after each decode step (timeline), run_finished() when the run returned,
+stop() after the stack is closed.
 """
 from __future__ import annotations
 
@@ -72,9 +73,15 @@ class Collectors:
             point["host.rss"] = _rss()
         self.timeline.append(point)
 
-    def stop(self) -> dict[str, MetricValue]:
+    def run_finished(self) -> None:
         self.wall = time.perf_counter() - self._run_t0
         gc.collect()
+        if self.cuda:
+            self.cuda.run_finished()
+
+    def stop(self) -> dict[str, MetricValue]:
+        if self.wall is None:  # the run failed before finishing
+            self.run_finished()
         metrics: dict[str, MetricValue] = {}
         if self.cpu_tensors:
             metrics.update(self.cpu_tensors.stop())
