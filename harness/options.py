@@ -27,3 +27,17 @@ def register(parser) -> None:
                     help="switch off tracemalloc (host.heap_alloc.peak becomes null)")
     group.addoption("--memcheck-sample-period", metavar="MS", type=float, default=10.0,
                     help="NVML and allocator sampling period in milliseconds (default 10)")
+    # Reports beside the JSON: the HTML page, dashboard exports, allocator snapshots (harness/reports/).
+    group.addoption("--memcheck-html", metavar="FILE.html", default=None,
+                    help="write the self-contained HTML report (memory-over-time plots, verdicts, environment)")
+    group.addoption("--memcheck-openmetrics", metavar="FILE.txt", default=None,
+                    help="write GitLab's metrics report (OpenMetrics text; artifacts:reports:metrics)")
+    group.addoption("--memcheck-benchmark-json", metavar="FILE.json", default=None,
+                    help="write github-action-benchmark customSmallerIsBetter JSON (memory and time metrics)")
+    group.addoption("--memcheck-bencher", metavar="FILE.json", default=None,
+                    help="write Bencher Metric Format JSON (bencher run --adapter json --file FILE.json)")
+    group.addoption("--memcheck-no-step-summary", action="store_true", default=False,
+                    help="do not append the Markdown report to $GITHUB_STEP_SUMMARY (written when it is set)")
+    group.addoption("--memcheck-snapshots", metavar="DIR", default=None,
+                    help="where the torch allocator snapshots of items that regressed on a CUDA runner go "
+                         "(default: memcheck-snapshots/ beside --memcheck-report, else .memcheck/snapshots)")
