@@ -55,12 +55,18 @@ ENGINE_ARGS = {"block_size": "block_size", "max_num_seqs": "max_num_seqs", "max_
                "chunked_prefill": "enable_chunked_prefill", "num_blocks": "num_gpu_blocks_override"}
 
 
+def vllm_importable() -> bool:
+    """vllm is installed for this interpreter (a bare `vllm/` folder on sys.path, like tests/vllm, is not it)."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin not in (None, "namespace")
+
+
 def vllm_python(rootdir: str | None = None) -> str | None:
     """The interpreter that can run vLLM here, or None."""
     explicit = os.environ.get(PYTHON_ENV)
     if explicit:
         return explicit if os.access(explicit, os.X_OK) else None
-    if importlib.util.find_spec("vllm") is not None:
+    if vllm_importable():
         return sys.executable
     roots = [rootdir, str(Path(__file__).resolve().parents[2])]
     for root in filter(None, roots):
@@ -87,7 +93,7 @@ class VLLMStack(Stack):
 
     @classmethod
     def check(cls, workload, device) -> None:
-        if importlib.util.find_spec("vllm") is None:
+        if not vllm_importable():
             where = os.environ.get(PYTHON_ENV) or f"{VENV}/bin/python"
             raise StackUnavailable(f"vllm is not importable by {sys.executable} and no vLLM environment was found "
                                    f"({PYTHON_ENV} or {where}): run scripts/setup-vllm (CPU) or install vllm")

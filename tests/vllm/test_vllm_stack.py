@@ -1,0 +1,90 @@
+"""The vllm stack end to end: real vLLM where a vLLM environment exists (this interpreter, or
+.venv-vllm made by scripts/setup-vllm, or MEMCHECK_VLLM_PYTHON), a clean skip where none does."""
+import pytest
+import torch
+
+from harness.measure import measure
+from harness.runner import Settings, run_item
+from harness.stacks.vllm import vllm_importable, vllm_python
+from harness.workload import load_file
+
+HERE_HAS_VLLM = vllm_importable()
+needs_vllm = pytest.mark.skipif(vllm_python() is None, reason="no vLLM environment here: run scripts/setup-vllm "
+                                                              "(CPU) or install vllm")
+TOKEN_BYTES = 2 * 2 * 64 * 2 * 4  # layers x kv heads x head dim x (K, V) x float32
+
+WORKLOAD = """
+name: {name}
+model: {{preset: r1-distill-qwen-7b, layers: 2, hidden_size: 256, intermediate_size: 512,
+        num_attention_heads: 4, num_key_value_heads: 2, vocab_size: 1024}}
+requests:
+  - {{count: 3, prompt_tokens: 100, max_new_tokens: 30}}
+  - {{count: 1, prompt_tokens: 10, max_new_tokens: 5, arrival_step: 4}}
+engine: {engine}
+stacks: [{stacks}]
+"""
+
+
+def write(path, name="w", engine="{block_size: 32, enforce_eager: true}", stacks="vllm"):
+    path.write_text(WORKLOAD.format(name=name, engine=engine, stacks=stacks))
+    return path
+
+
+def load(path):
+    return load_file(str(path), None, {"hf", "vllm"}, {})[0]
+
+
+@pytest.mark.skipif(HERE_HAS_VLLM, reason="vllm is importable by this interpreter")
+def test_skipped_cleanly_where_vllm_is_not_importable(tmp_path):
+    m = measure(load(write(tmp_path / "w.yaml")), "vllm", torch.device("cpu"))
+    assert m.skipped.startswith("vllm is not importable by ") and "scripts/setup-vllm" in m.skipped
+    assert not m.error and not m.metrics
+
+
+@pytest.mark.skipif(HERE_HAS_VLLM, reason="vllm is importable by this interpreter")
+def test_a_session_without_a_vllm_environment_skips_the_item_with_its_reason(pytester, monkeypatch):
+    monkeypatch.setenv("MEMCHECK_VLLM_PYTHON", str(pytester.path / "no-such-python"))
+    pytester.makefile(".toml", pyproject="[tool.memcheck]\n")
+    write(pytester.mkdir("suites") / "w.yaml")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--memcheck", "-rs")
+    assert result.ret == 0
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED*vllm is not importable by * and no vLLM environment was found*"])
+
+
+@needs_vllm
+def test_kv_metrics_come_from_the_engine(tmp_path):
+    wl = load(write(tmp_path / "w.yaml"))
+    result = run_item(wl, "vllm", Settings(baselines=str(tmp_path / "b"), rootdir=str(tmp_path)))
+    m = result.measurement
+    assert result.verdict == "new", (result.reason, m.notes)
+    metric = {k: v.value for k, v in m.metrics.items()}
+    # Pool: every request at full length, in blocks of 32: 3 x 5 + 1, plus vLLM's null block.
+    assert metric["kv.bytes.peak"] == 17 * 32 * TOKEN_BYTES
+    # Peak of stored tokens: the 3 long requests at 100 + 29 (the last token is never fed back).
+    assert metric["kv.live_bytes.peak"] == 3 * 129 * TOKEN_BYTES
+    assert metric["kv.waste.peak"] == pytest.approx(1 - 3 * 129 / (17 * 32))
+    assert metric["kv.blocks_unreclaimed"] == 0
+    assert metric["kv.page_footprint"] >= 1
+    assert metric["cpu.heap_alloc.peak"] >= metric["kv.bytes.peak"] and metric["host.rss.peak"] > 0
+    assert metric["tokens_per_s"] > 0 and metric["ttft"] > 0 and metric["tpot"] > 0
+    # The late request joins the running batch at engine step 4 (the 5th step): 3 x 104 + its 10 tokens.
+    steps = {p["step"]: p for p in m.timeline if "kv.live_bytes" in p}
+    assert steps[4]["kv.live_bytes"] == 3 * 103 * TOKEN_BYTES
+    assert steps[5]["kv.live_bytes"] == (3 * 104 + 10) * TOKEN_BYTES
+    assert m.environment["vllm"] and m.floors["weights"] > 0
+
+
+@needs_vllm
+def test_bad_engine_settings_are_errors_with_vllms_message_and_the_session_goes_on(pytester):
+    pytester.makefile(".toml", pyproject="[tool.memcheck]\n")
+    suites = pytester.mkdir("suites")
+    write(suites / "a.yaml", name="bad-block-size", engine="{block_size: 16, enforce_eager: true}")
+    write(suites / "b.yaml", name="no-kv-room", engine="{block_size: 32, num_blocks: 1, enforce_eager: true}")
+    write(suites / "c.yaml", name="fine", stacks="hf")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--memcheck")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([
+        "bad-block-size[[]vllm[]]: error: crashed: ValueError: No common block size for 16*",
+        "no-kv-room[[]vllm[]]: error: crashed: ValueError: No available memory for the cache blocks*",
+    ], consecutive=False)
