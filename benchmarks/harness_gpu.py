@@ -1,9 +1,11 @@
-"""Check the harness's GPU collectors on a real GPU in one call: run the GPU smoke workloads twice
-through `pytest --memcheck` (record, then compare), and print what a reviewer needs last.
+"""Run workloads twice on a real GPU in one call through `pytest --memcheck` (record baselines, then
+compare against them) and print, last, each memory metric of both runs and their difference: the
+check that GPU memory metrics repeat (within 0.5%) before baselines are committed.
 
-    PYTHONPATH=. python benchmarks/harness_gpu.py OUTDIR
+    PYTHONPATH=. python benchmarks/harness_gpu.py OUTDIR [PATHS...] [-- PYTEST_ARGS...]
 
-Run from the repository root on a CUDA machine (the memcheck package need not be installed).
+Default PATHS: the harness's GPU smoke workloads. Run from the repository root on a CUDA machine
+(the memcheck package need not be installed).
 """
 from __future__ import annotations
 
@@ -14,15 +16,16 @@ import sys
 import time
 
 from harness import units
+from harness.metrics.catalog import METRICS
 
 WORKLOADS = "benchmarks/workloads/harness_gpu.yaml"
 SHOWN = ("gpu.heap_alloc.peak", "gpu.reserved.peak", "gpu.device_used.peak", "gpu.fragmentation.peak",
-         "gpu.heap_alloc.end", "kv.bytes.peak", "kv.page_footprint", "host.rss.peak")
+         "gpu.heap_alloc.end", "kv.bytes.peak", "kv.waste.peak", "kv.page_footprint", "host.rss.peak")
 
 
-def session(out: str, tag: str, *extra: str) -> dict:
+def session(out: str, tag: str, paths: list[str], *extra: str) -> dict:
     report = os.path.join(out, f"report-{tag}.json")
-    cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider", "--memcheck", WORKLOADS,
+    cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider", "--memcheck", *paths,
            "--memcheck-baselines", os.path.join(out, "baselines"), "--memcheck-report", report, *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     t = time.time()
@@ -34,26 +37,36 @@ def session(out: str, tag: str, *extra: str) -> dict:
 
 
 def main() -> int:
-    out = sys.argv[1] if len(sys.argv) > 1 else "harness-gpu-out"
+    args = sys.argv[1:]
+    extra = args[args.index("--") + 1:] if "--" in args else []
+    args = args[: args.index("--")] if "--" in args else args
+    out = args[0] if args else "harness-gpu-out"
+    paths = args[1:] or [WORKLOADS]
     os.makedirs(out, exist_ok=True)
-    first = session(out, "record", "--memcheck-update-baselines")
-    second = session(out, "compare")
+    first = session(out, "record", paths, "--memcheck-update-baselines", *extra)
+    second = session(out, "compare", paths, *extra)
     rows = [("item", "verdict", "metric", "run 1", "run 2", "diff")]
+    worst = 0.0
     for a, b in zip(first["items"], second["items"]):
+        if b["verdict"] in ("skipped", "error"):
+            rows.append((a["id"], b["verdict"], (b["reason"] or "")[:100], "", "", ""))
+            continue
         for name in SHOWN:
             va, vb = a["metrics"][name]["value"], b["metrics"][name]["value"]
-            unit = "ratio" if "fragmentation" in name else ("count" if "footprint" in name else "bytes")
+            unit = METRICS[name].unit
             diff = "" if va is None or vb is None or not va else units.format_percent((vb - va) / va)
+            if va and vb is not None and name.startswith(("gpu.", "kv.")):
+                worst = max(worst, abs(vb - va) / abs(va))
             rows.append((a["id"], b["verdict"], name, units.format_value(va, unit), units.format_value(vb, unit), diff))
-        for name in ("gpu.device_used.peak", "host.dtlb_misses"):
-            m = b["metrics"][name]
-            rows.append((a["id"], "", f"{name} source", m.get("detail") or m.get("reason") or "", "", ""))
+        m = b["metrics"]["gpu.device_used.peak"]
+        rows.append((a["id"], "", "gpu.device_used.peak source", m.get("detail") or m.get("reason") or "", "", ""))
         floors = b["floors"]
         rows.append((a["id"], "", "floors (analytic)", f"weights {units.format_bytes(floors.get('weights'))}",
                      f"kv {units.format_bytes(floors.get('kv'))}", ""))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     print("\n" + "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows))
     print("environment:", json.dumps(second["environment"]))
+    print(f"largest run-to-run difference of a gpu.*/kv.* metric: {worst * 100:.3f}%")
     return 0
 
 

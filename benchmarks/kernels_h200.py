@@ -42,31 +42,20 @@ DECODE_SHAPES = [  # name, sequences, context (or "mixed" up to), q heads, kv he
 MLA_SHAPE = ("64x4K MLA V2-Lite 16h 512+64", 64, 4096, 16, 512, 64)
 VLLM = {"64x4K GQA 32/8": 1.17, "16x32K GQA 28/4": 1.81, "128x2K MHA 32/32": 1.13, "64x mixed<=8K GQA 32/8": 1.71}
 
-# --sweep: (split, config, partitions for the grid split or grid multipliers for balanced)
+# --sweep: configs timed beside the default, each at the one-wave grid (x1) and twice it (x2).
+# benchmarks/results/*_tuning.* holds the wider sweep that chose the defaults (and the grid split).
 DECODE_SWEEP = [
-    ("balanced", dict(block_n=64, num_warps=4, num_stages=3), (1, 2)),
-    ("balanced", dict(block_n=64, num_warps=4, num_stages=2), (1,)),
-    ("balanced", dict(block_n=32, num_warps=4, num_stages=3), (1, 2)),
-    ("balanced", dict(block_n=128, num_warps=8, num_stages=2), (1,)),
-    ("balanced", dict(block_n=64, num_warps=8, num_stages=3), (1,)),
-    ("balanced", dict(block_n=64, num_warps=4, num_stages=3, maxnreg=128), (1,)),
-    ("balanced", dict(block_n=32, num_warps=4, num_stages=3, maxnreg=128), (1,)),
-    ("grid", dict(block_n=64, num_warps=4, num_stages=3), (None, 0, 1024, 2048, 4096)),
-    ("grid", dict(block_n=32, num_warps=4, num_stages=3), (None, 0, 1024, 4096)),
+    (dict(block_n=64, num_warps=4, num_stages=3), (2,)),
+    (dict(block_n=64, num_warps=4, num_stages=3, maxnreg=128), (1,)),
+    (dict(block_n=32, num_warps=4, num_stages=3, maxnreg=128), (1,)),
 ]
 MLA_SWEEP = [
-    ("balanced", dict(block_n=32, sub_n=32, num_warps=4, num_stages=2), (1, 2)),
-    ("balanced", dict(block_n=32, sub_n=16, num_warps=4, num_stages=2), (1,)),
-    ("balanced", dict(block_n=32, sub_n=32, num_warps=8, num_stages=2), (1,)),
-    ("balanced", dict(block_n=16, sub_n=16, num_warps=4, num_stages=2), (1,)),
-    ("balanced", dict(block_n=64, sub_n=64, num_warps=8, num_stages=2), (1,)),
-    ("balanced", dict(block_n=32, sub_n=32, num_warps=4, num_stages=2, maxnreg=168), (1,)),
-    ("balanced", dict(block_n=16, sub_n=16, num_warps=4, num_stages=2, maxnreg=128), (1,)),
-    ("grid", dict(block_n=32, sub_n=32, num_warps=4, num_stages=2), (None, 512, 1024)),
-    ("grid", dict(block_n=32, sub_n=32, num_warps=8, num_stages=2), (512, 1024)),
-    ("grid", dict(block_n=16, sub_n=16, num_warps=4, num_stages=2), (512, 1024)),
+    (dict(block_n=32, num_warps=4, num_stages=2, head_block=16, maxnreg=168), (2,)),
+    (dict(block_n=32, num_warps=4, num_stages=2, head_block=16), (1,)),
+    (dict(block_n=32, num_warps=4, num_stages=3, head_block=16, maxnreg=168), (1,)),
+    (dict(block_n=32, num_warps=4, num_stages=2, head_block=16, maxnreg=152), (1,)),
+    (dict(block_n=64, num_warps=8, num_stages=2, head_block=16, maxnreg=128), (1,)),
 ]
-PARTITIONS = (256, 512, 1024, 2048, 4096)
 
 LOG = []
 
@@ -150,7 +139,7 @@ def poisoned(like):
     return torch.full_like(like, float("nan"))
 
 
-def run_decode(shape, bw, sms, sweep, gen):
+def run_decode(shape, bw, sweep, gen):
     name, num_seqs, ctx, hq, hkv, mixed = shape
     if mixed:
         lengths = torch.randint(1, ctx + 1, (num_seqs,), generator=gen).tolist()
@@ -166,7 +155,6 @@ def run_decode(shape, bw, sms, sweep, gen):
     floor_ms = kv_bytes / bw * 1e3
     row = {"shape": name, "num_seqs": num_seqs, "context": ctx, "q_heads": hq, "kv_heads": hkv,
            "mixed": mixed, "tokens": sum(lengths), "kv_bytes": kv_bytes, "floor_ms": floor_ms}
-    max_len = table.shape[1] * BLOCK
 
     # Correctness first: the public entry point, into a poisoned buffer, against fp32 math.
     ref = reference.paged_decode(q.float(), k_cache.float(), v_cache.float(), table, seq_lens, scale)
@@ -174,9 +162,8 @@ def run_decode(shape, bw, sms, sweep, gen):
     row["rel_err"] = rel_err(out, ref)
     row["rel_err_public"] = rel_err(kernels.paged_decode(q, k_cache, v_cache, table, seq_lens, scale), ref)
     row["ok"] = row["rel_err"] < BF16_BOUND and row["rel_err_public"] < BF16_BOUND
-    row["programs"] = resident_of(decode._decode_balanced, decode.DEFAULT_CONFIG)
-    for name_, kw in (("grid_one_partition", dict(split="grid", partition_size=max_len)),
-                      ("grid_512", dict(split="grid", partition_size=512)), ("balanced_7_programs", dict(num_programs=7))):
+    row["programs"] = resident_of(decode._decode, decode.DEFAULT_CONFIG)
+    for name_, kw in (("7_programs", dict(num_programs=7)), ("x2_programs", dict(num_programs=2 * row["programs"]))):
         other = decode.paged_decode(q, k_cache, v_cache, table, seq_lens, scale, out=poisoned(q), **kw)
         row["rel_err_" + name_] = rel_err(other, ref)
         row["ok"] &= row["rel_err_" + name_] < BF16_BOUND
@@ -206,29 +193,23 @@ def run_decode(shape, bw, sms, sweep, gen):
     if sweep:
         def resident(cfg):
             call(config=cfg)()
-            return resident_of(decode._decode_balanced, cfg)
+            return resident_of(decode._decode, cfg)
 
-        row["sweep"] = time_variants(call, DECODE_SWEEP, floor_ms, max_len, resident)
+        row["sweep"] = time_variants(call, DECODE_SWEEP, floor_ms, resident)
     del k_cache, v_cache
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
     return row
 
 
-def time_variants(call, variants, floor_ms, max_len, resident):
-    """Time every variant; grid variants per partition (None: planned, 0: one partition), balanced
-    ones per grid size (multiples of the resident programs)."""
+def time_variants(call, variants, floor_ms, resident):
+    """Time every (config, grid multiples) variant."""
     rows = []
-    for split, cfg, options in variants:
-        for opt in options:
-            kw = dict(split=split, config=cfg)
-            if split == "grid":
-                kw["partition_size"] = max_len if opt == 0 else opt
-            elif opt != 1:
-                kw["num_programs"] = opt * resident(cfg)
-            row = {"split": split, **cfg, "option": opt}
+    for cfg, multiples in variants:
+        for times in multiples:
+            row = {**cfg, "grid_x": times}
             try:
-                row["ms"] = bench(call(**kw))
+                row["ms"] = bench(call(config=cfg, num_programs=times * resident(cfg)))
                 row["x_floor"] = row["ms"] / floor_ms
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
                 row["error"] = repr(e)[:300]
@@ -242,15 +223,15 @@ def resident_of(kernel, cfg):
     if DEVICE == "cpu":
         return 4  # dispatch.sm_count under the interpreter
     for (fn, key, _), programs in dispatch._RESIDENT.items():
-        consts, launch = dict(key[0]), dict(key[1])
-        if (fn is kernel and consts["BLOCK_N"] == cfg["block_n"] and launch["num_warps"] == cfg["num_warps"]
-                and launch["num_stages"] == cfg["num_stages"] and launch.get("maxnreg") == cfg.get("maxnreg")
-                and consts.get("SUB_N", cfg.get("sub_n")) == cfg.get("sub_n", consts.get("SUB_N"))):
+        consts = dict(key[0])
+        if fn is kernel and all(consts.get(name) == cfg.get(field) for name, field in (
+                ("BLOCK_N", "block_n"), ("num_warps", "num_warps"), ("num_stages", "num_stages"),
+                ("maxnreg", "maxnreg"))):
             return programs
     raise KeyError(cfg)
 
 
-def run_mla(bw, sms, sweep, gen):
+def run_mla(bw, sweep, gen):
     name, num_seqs, ctx, heads, rank, rope = MLA_SHAPE
     lengths = [ctx] * num_seqs
     table, num_blocks = scattered_tables(lengths, gen)
@@ -261,17 +242,15 @@ def run_mla(bw, sms, sweep, gen):
     scale = (128 + 64) ** -0.5
     kv_bytes = sum(lengths) * (rank + rope) * DTYPE.itemsize
     floor_ms = kv_bytes / bw * 1e3
-    max_len = table.shape[1] * BLOCK
     row = {"shape": name, "num_seqs": num_seqs, "context": ctx, "q_heads": heads, "kv_heads": 1, "mixed": False,
            "tokens": sum(lengths), "kv_bytes": kv_bytes, "floor_ms": floor_ms}
     ref = reference.mla_decode(q_lat.float(), q_pe.float(), cache.float(), table, seq_lens, scale)
     out = mla.mla_decode(q_lat, q_pe, cache, table, seq_lens, scale, out=poisoned(q_lat))
     row["rel_err"] = rel_err(out, ref)
     row["rel_err_public"] = rel_err(kernels.mla_decode(q_lat, q_pe, cache, table, seq_lens, scale), ref)
-    row["programs"] = resident_of(mla._mla_balanced, mla.DEFAULT_CONFIG)
+    row["programs"] = resident_of(mla._mla_decode, mla.DEFAULT_CONFIG)
     row["ok"] = max(row["rel_err"], row["rel_err_public"]) < BF16_BOUND
-    for name_, kw in (("grid_one_partition", dict(split="grid", partition_size=max_len)),
-                      ("grid_512", dict(split="grid", partition_size=512)), ("balanced_7_programs", dict(num_programs=7))):
+    for name_, kw in (("7_programs", dict(num_programs=7)), ("x2_programs", dict(num_programs=2 * row["programs"]))):
         other = mla.mla_decode(q_lat, q_pe, cache, table, seq_lens, scale, out=poisoned(q_lat), **kw)
         row["rel_err_" + name_] = rel_err(other, ref)
         row["ok"] &= row["rel_err_" + name_] < BF16_BOUND
@@ -301,9 +280,9 @@ def run_mla(bw, sms, sweep, gen):
     if sweep:
         def resident(cfg):
             call(config=cfg)()
-            return resident_of(mla._mla_balanced, cfg)
+            return resident_of(mla._mla_decode, cfg)
 
-        row["sweep"] = time_variants(call, MLA_SWEEP, floor_ms, max_len, resident)
+        row["sweep"] = time_variants(call, MLA_SWEEP, floor_ms, resident)
     return row
 
 
@@ -332,6 +311,13 @@ def check_prefill_and_write(gen):
     q = torch.randn(sum(new), hq, d, device=DEVICE, dtype=DTYPE)
     ref = reference.paged_prefill(q.float(), k_cache.float(), v_cache.float(), table, cu, seq_lens, d ** -0.5)
     out = kernels.paged_prefill(q, k_cache, v_cache, table, cu, seq_lens, d ** -0.5, max_q_len=max(new))
+    latent = torch.randn(sum(new), 576, device=DEVICE)  # fp32 activations into a bf16 latent cache
+    latent_cache = torch.full((num_blocks, BLOCK, 576), float("nan"), device=DEVICE, dtype=DTYPE)
+    latent_ref = latent_cache.clone()
+    new_slots = torch.cat([slots[sum(lengths[:i]) + prefix[i]:sum(lengths[:i + 1])] for i in range(len(new))])
+    kernels.write_latent(latent, latent_cache, new_slots)
+    reference.write_latent(latent, latent_ref, new_slots)
+    write_ok &= torch.equal(latent_cache.nan_to_num(7.0), latent_ref.nan_to_num(7.0))
     row = {"write_kv_exact": write_ok, "prefill_rel_err": rel_err(out, ref)}
     row["ok"] = write_ok and row["prefill_rel_err"] < BF16_BOUND
     if DEVICE == "cuda":
@@ -347,8 +333,7 @@ def dry_run_shapes():
     DECODE_SHAPES = [(n, 2, 40, hq // 4, hkv // 4 if hkv > 4 else 1, mixed)
                      for n, _, _, hq, hkv, mixed in DECODE_SHAPES]
     MLA_SHAPE = (MLA_SHAPE[0], 2, 40, 16, 64, 16)
-    DECODE_SWEEP = [DECODE_SWEEP[0][:2] + ((1,),), ("grid",) + DECODE_SWEEP[-1][1:2] + ((None, 0, 32),)]
-    MLA_SWEEP = [MLA_SWEEP[0][:2] + ((1,),), ("grid",) + MLA_SWEEP[-1][1:2] + ((32,),)]
+    DECODE_SWEEP, MLA_SWEEP = DECODE_SWEEP[:1], MLA_SWEEP[:1]
 
 
 def main():
@@ -376,10 +361,10 @@ def main():
     rows = []
     for shape in DECODE_SHAPES:
         log(f"== {shape[0]}")
-        rows.append(run_decode(shape, bw, sms, args.sweep, gen))
+        rows.append(run_decode(shape, bw, args.sweep, gen))
         log(json.dumps({k: v for k, v in rows[-1].items() if not k.startswith("sweep")}))
     log(f"== {MLA_SHAPE[0]}")
-    rows.append(run_mla(bw, sms, args.sweep, gen))
+    rows.append(run_mla(bw, args.sweep, gen))
     log(json.dumps({k: v for k, v in rows[-1].items() if not k.startswith("sweep")}))
 
     result = {"env": env, "copy_bandwidth_Bps": bw, "rows": rows, "prefill_and_write": checks,

@@ -38,6 +38,8 @@ def _write(src, cache, slot_mapping) -> None:
     src = src.reshape(num_tokens, -1)
     if src.stride(-1) != 1:
         src = src.contiguous()
+    if src.device.type == "cpu" and src.dtype != cache.dtype:
+        src = src.to(cache.dtype)  # the interpreter truncates fp32 -> bf16; the GPU rounds to nearest even
     width = src.shape[1]
     assert cache[0, 0].numel() == width and cache[0, 0].is_contiguous(), "cache rows must be contiguous"
     _write_rows[(num_tokens,)](

@@ -4,34 +4,30 @@ Absorbed form: the caller folds W_UK into the query (q_latent = q_nope @ W_UK, k
 so every head attends straight over the cached latent: scores = q_latent.kv_c + q_pe.k_pe, and the
 output stays in latent space (softmax @ kv_c, kv_lora_rank wide) for the caller's W_UV. The cache
 has one shared 576-wide row per token (kv_c 512 then k_pe 64), read once for all the heads of a
-program: a block of HEAD_BLOCK heads, so the product runs on the tensor cores. Long contexts are
-split into partitions combined by decode.combine_partitions, as in paged decode.
+program: a block of HEAD_BLOCK heads, so the products run on the tensor cores. The work is split
+as in paged decode (kernels/work_split.py), units being (sequence, head block).
 """
 import torch
 import triton
 import triton.language as tl
 
-from .decode import combine_partitions
-from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, sm_count, upcast_dots
+from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot
 from .work_split import combine_cut_units, locate, program_range, tile_line
 
 fix_triton_interpreter()
 
 LOG2E = 1.4426950408889634
-# Tuned on the H200 (benchmarks/kernels_h200.py).
-DEFAULT_CONFIG = {"block_n": 32, "sub_n": 16, "num_warps": 4, "num_stages": 2, "head_block": 16}
-PROGRAMS_PER_SM = 2
-MIN_PARTITION = 256
+# Tuned on the H200 (benchmarks/results/); maxnreg 168 fits 3 programs per multiprocessor, not 2.
+DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168}
 
 
 @triton.jit
 def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_block, stride_c_tok,
                 HEAD_BLOCK: tl.constexpr, RANK: tl.constexpr, RANK_PAD: tl.constexpr,
                 ROPE: tl.constexpr, ROPE_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Online softmax of a head block over latent tokens [start, end): (max, sum, unnormalized out).
-    Each step fetches BLOCK_N tokens (bytes in flight) but multiplies SUB_N at a time (registers)."""
+                BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Online softmax of a head block over latent tokens [start, end): (max, sum, unnormalized out)."""
     rank_dims = tl.arange(0, RANK_PAD)
     rank_mask = rank_dims < RANK
     rope_dims = tl.arange(0, ROPE_PAD)
@@ -40,82 +36,26 @@ def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_b
     l = tl.zeros([HEAD_BLOCK], tl.float32)
     acc = tl.zeros([HEAD_BLOCK, RANK_PAD], tl.float32)
     for t0 in range(start, end, BLOCK_N):
-        for sub in tl.static_range(BLOCK_N // SUB_N):
-            toks = t0 + sub * SUB_N + tl.arange(0, SUB_N)
-            tok_mask = toks < end
-            blocks = tl.load(bt_row + toks // BLOCK_SIZE, mask=tok_mask, other=0).to(tl.int64)
-            rows = cache_ptr + blocks * stride_c_block + (toks % BLOCK_SIZE) * stride_c_tok
-            kv_c = tl.load(rows[:, None] + rank_dims[None, :], mask=tok_mask[:, None] & rank_mask[None, :],
-                           other=0.0)
-            k_pe = tl.load(rows[:, None] + RANK + rope_dims[None, :], mask=tok_mask[:, None] & rope_mask[None, :],
-                           other=0.0)
-            s = dot(q_lat, tl.trans(kv_c), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
-            s = tl.where(tok_mask[None, :], s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, 1))
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + dot(p.to(kv_c.dtype), kv_c, DOT_PRECISION, UPCAST)
-            m = m_new
+        toks = t0 + tl.arange(0, BLOCK_N)
+        tok_mask = toks < end
+        blocks = tl.load(bt_row + toks // BLOCK_SIZE, mask=tok_mask, other=0).to(tl.int64)
+        rows = cache_ptr + blocks * stride_c_block + (toks % BLOCK_SIZE) * stride_c_tok
+        kv_c = tl.load(rows[:, None] + rank_dims[None, :], mask=tok_mask[:, None] & rank_mask[None, :], other=0.0)
+        k_pe = tl.load(rows[:, None] + RANK + rope_dims[None, :], mask=tok_mask[:, None] & rope_mask[None, :],
+                       other=0.0)
+        s = dot(q_lat, tl.trans(kv_c), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
+        s = tl.where(tok_mask[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + dot(p.to(kv_c.dtype), kv_c, DOT_PRECISION, UPCAST)
+        m = m_new
     return m, l, acc
 
 
 @triton.jit
-def _mla_partition(
-    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    qk_scale, partition_size,
-    stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head,
-    stride_c_block, stride_c_tok,
-    stride_bt_seq,
-    stride_o_seq, stride_o_head,
-    stride_po_seq, stride_po_head, stride_po_split,
-    stride_pl_seq, stride_pl_head,
-    NUM_HEADS: tl.constexpr, HEAD_BLOCK: tl.constexpr,
-    RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SUB_N: tl.constexpr,
-    ONE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-):
-    # Head blocks vary fastest: programs side by side read the same latent rows (L2 hits).
-    head_block = tl.program_id(0)
-    split = tl.program_id(1)
-    seq = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    start = split * partition_size
-    if not ONE_SPLIT:
-        if start >= seq_len:
-            return
-    end = tl.minimum(start + partition_size, seq_len)
-
-    heads = head_block * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK)
-    head_mask = heads < NUM_HEADS
-    rank_dims = tl.arange(0, RANK_PAD)
-    rank_mask = rank_dims < RANK
-    rope_dims = tl.arange(0, ROPE_PAD)
-    rope_mask = rope_dims < ROPE
-    q_lat = tl.load(q_latent_ptr + seq * stride_ql_seq + heads[:, None] * stride_ql_head + rank_dims[None, :],
-                    mask=head_mask[:, None] & rank_mask[None, :], other=0.0)
-    q_pe = tl.load(q_pe_ptr + seq * stride_qp_seq + heads[:, None] * stride_qp_head + rope_dims[None, :],
-                   mask=head_mask[:, None] & rope_mask[None, :], other=0.0)
-
-    m, l, acc = _mla_tokens(q_lat, q_pe, cache_ptr, block_table_ptr + seq * stride_bt_seq, start, end, qk_scale,
-                            stride_c_block, stride_c_tok, HEAD_BLOCK, RANK, RANK_PAD, ROPE, ROPE_PAD,
-                            BLOCK_SIZE, BLOCK_N, SUB_N, DOT_PRECISION, UPCAST)
-
-    out_mask = head_mask[:, None] & rank_mask[None, :]
-    if ONE_SPLIT:
-        l = tl.where(l == 0.0, 1.0, l)
-        o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + rank_dims[None, :]
-        tl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        po_ptrs = (part_out_ptr + seq * stride_po_seq + heads[:, None] * stride_po_head
-                   + split * stride_po_split + rank_dims[None, :])
-        tl.store(po_ptrs, acc / l[:, None], mask=out_mask)
-        tl.store(part_lse_ptr + seq * stride_pl_seq + heads * stride_pl_head + split,
-                 m + tl.log2(l), mask=head_mask)
-
-
-@triton.jit
-def _mla_balanced(
+def _mla_decode(
     q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     qk_scale, num_seqs, num_programs,
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head,
@@ -124,11 +64,10 @@ def _mla_balanced(
     stride_o_seq, stride_o_head,
     NUM_HEADS: tl.constexpr, HEAD_BLOCK: tl.constexpr, NUM_HEAD_BLOCKS: tl.constexpr,
     RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SUB_N: tl.constexpr, SEQS_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """One program of a one-wave grid: its even share of the tile line (see kernels/work_split.py),
-    units being (sequence, head block)."""
+    """One program's even share of the tile line; units are (sequence, head block)."""
     pid = tl.program_id(0)
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, NUM_HEAD_BLOCKS, SEQS_PAD)
     first, last = program_range(pid, num_programs, total)
@@ -136,7 +75,6 @@ def _mla_balanced(
     rank_dims = tl.arange(0, RANK_PAD)
     rank_mask = rank_dims < RANK
     rope_dims = tl.arange(0, ROPE_PAD)
-    rope_mask = rope_dims < ROPE
     x = first
     while x < last:
         seq, head_block, t_first, n, seq_len, unit_end = locate(x, seqs, lens, tiles, ends, NUM_HEAD_BLOCKS)
@@ -148,11 +86,11 @@ def _mla_balanced(
         q_lat = tl.load(q_latent_ptr + seq * stride_ql_seq + heads[:, None] * stride_ql_head + rank_dims[None, :],
                         mask=out_mask, other=0.0)
         q_pe = tl.load(q_pe_ptr + seq * stride_qp_seq + heads[:, None] * stride_qp_head + rope_dims[None, :],
-                       mask=head_mask[:, None] & rope_mask[None, :], other=0.0)
+                       mask=head_mask[:, None] & (rope_dims < ROPE)[None, :], other=0.0)
         m, l, acc = _mla_tokens(q_lat, q_pe, cache_ptr, block_table_ptr + seq * stride_bt_seq,
                                 t_first * BLOCK_N, tl.minimum(t_last * BLOCK_N, seq_len), qk_scale,
                                 stride_c_block, stride_c_tok, HEAD_BLOCK, RANK, RANK_PAD, ROPE, ROPE_PAD,
-                                BLOCK_SIZE, BLOCK_N, SUB_N, DOT_PRECISION, UPCAST)
+                                BLOCK_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
         if (t_first == 0) & (t_last == n):  # the whole unit: final output
             o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + rank_dims[None, :]
             tl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -167,109 +105,50 @@ def _mla_balanced(
         x = seg_end
 
 
-def plan_partition(num_seqs: int, num_head_blocks: int, max_len: int, sms: int, block_n: int) -> int:
-    """Tokens per partition: as in decode.plan_partition, with MLA's own targets."""
-    base = max(1, num_seqs * num_head_blocks)
-    splits = min(-(-PROGRAMS_PER_SM * sms // base), max(1, max_len // MIN_PARTITION))
-    if splits <= 1:
-        return max_len
-    return -(-max_len // (splits * block_n)) * block_n
-
-
-def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, split="balanced",
-               partition_size=None, config=None, num_programs=None):
-    """Triton MLA decode. out: a buffer to write (tests poison it). split: "balanced" or "grid"
-    (as in kernels.decode); the rest override the planners (for tuning)."""
-    if split == "grid":
-        return _mla_decode_grid(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, out, partition_size,
-                                config)
+def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
+               num_programs=None):
+    """Triton MLA decode. out: a buffer to write (tests poison it); config (block_n, num_warps,
+    num_stages, head_block, maxnreg) and num_programs override the tuned defaults and the grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]
     _, block_size, width = latent_cache.shape
     assert width == rank + rope, f"latent cache rows are {width} wide, queries {rank} + {rope}"
     assert q_latent.stride(-1) == 1 and q_pe.stride(-1) == 1 and latent_cache.stride(-1) == 1
     cfg = {**DEFAULT_CONFIG, **(config or {})}
-    if q_latent.device.type == "cpu":  # the interpreter: small tiles run faster
-        cfg["block_n"] = cfg["sub_n"] = 16
-    head_block = min(cfg["head_block"], max(16, next_pow2(num_heads)))
-    num_head_blocks = triton.cdiv(num_heads, head_block)
+    on_gpu = q_latent.device.type == "cuda"
     out = torch.empty_like(q_latent) if out is None else out
     if num_seqs == 0:
         return out
+    head_block = min(cfg["head_block"], max(16, next_pow2(num_heads)))
+    num_head_blocks = triton.cdiv(num_heads, head_block)
+    block_n = cfg["block_n"] if on_gpu else 16  # the interpreter runs small tiles faster
     consts = dict(NUM_HEADS=num_heads, HEAD_BLOCK=head_block, NUM_HEAD_BLOCKS=num_head_blocks,
                   RANK=rank, RANK_PAD=max(16, next_pow2(rank)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
-                  BLOCK_SIZE=block_size, BLOCK_N=cfg["block_n"], SUB_N=min(cfg["sub_n"], cfg["block_n"]),
-                  SEQS_PAD=max(16, next_pow2(num_seqs)))
-    launch = dict(DOT_PRECISION=dot_precision(q_latent.dtype), UPCAST=upcast_dots(latent_cache),
+                  BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
+                  DOT_PRECISION=dot_precision(q_latent.dtype), UPCAST=upcast_dots(latent_cache),
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if cfg.get("maxnreg"):  # cap registers to fit more programs per multiprocessor
-        launch["maxnreg"] = cfg["maxnreg"]
+    if on_gpu and cfg.get("maxnreg"):
+        consts["maxnreg"] = cfg["maxnreg"]
 
-    def args(grid_size, part_out, part_lse):
+    def args(programs, part_out, part_lse):
         return (q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
-                scale * LOG2E, num_seqs, grid_size,
+                scale * LOG2E, num_seqs, programs,
                 q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
                 latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0),
                 out.stride(0), out.stride(1))
 
     if num_programs is None:
-        num_programs = resident_programs(
-            _mla_balanced, (tuple(consts.items()), tuple(launch.items()), q_latent.dtype, latent_cache.dtype),
-            q_latent.device, cfg["num_warps"],
-            lambda: _mla_balanced.warmup(*args(1, *[torch.empty(16, device=q_latent.device)] * 2), grid=(1,),
-                                                    **consts, **launch))
+        scratch = torch.empty(16, device=q_latent.device)
+        num_programs = resident_programs(_mla_decode, (tuple(consts.items()), q_latent.dtype, latent_cache.dtype),
+                                         q_latent.device, cfg["num_warps"],
+                                         lambda: _mla_decode.warmup(*args(1, scratch, scratch), grid=(1,), **consts))
     part_out = torch.empty(num_programs * 2 * head_block * rank, device=q_latent.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * head_block, device=q_latent.device, dtype=torch.float32)
-    _mla_balanced[(num_programs,)](*args(num_programs, part_out, part_lse), **consts, **launch)
-    combine_cut_units[(num_seqs, num_heads)](
+    _mla_decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
+    combine_cut_units[(num_seqs, num_head_blocks)](
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
-        UNITS=num_head_blocks, ROWS=head_block, HEAD_DIM=rank, HEAD_DIM_PAD=consts["RANK_PAD"],
-        BLOCK_N=cfg["block_n"], SEQS_PAD=consts["SEQS_PAD"], num_warps=1,
+        NUM_HEADS=num_heads, UNITS=num_head_blocks, ROWS=head_block, ROWS_PAD=head_block,
+        HEAD_DIM=rank, HEAD_DIM_PAD=consts["RANK_PAD"],
+        BLOCK_N=block_n, SEQS_PAD=consts["SEQS_PAD"], num_warps=8,
     )
-    return out
-
-
-def _mla_decode_grid(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, out, partition_size, config):
-    """Grid of (head block, partition, sequence) programs, partitions combined by a second kernel."""
-    num_seqs, num_heads, rank = q_latent.shape
-    rope = q_pe.shape[-1]
-    _, block_size, width = latent_cache.shape
-    assert width == rank + rope, f"latent cache rows are {width} wide, queries {rank} + {rope}"
-    assert q_latent.stride(-1) == 1 and q_pe.stride(-1) == 1 and latent_cache.stride(-1) == 1
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    if q_latent.device.type == "cpu":  # the interpreter: small tiles run faster
-        cfg["block_n"] = cfg["sub_n"] = 16
-    head_block = min(cfg["head_block"], max(16, next_pow2(num_heads)))
-    num_head_blocks = triton.cdiv(num_heads, head_block)
-    max_len = block_table.shape[1] * block_size
-    if partition_size is None:
-        partition_size = plan_partition(num_seqs, num_head_blocks, max_len, sm_count(q_latent.device), cfg["block_n"])
-    num_splits = max(1, -(-max_len // partition_size))
-    one_split = num_splits == 1
-
-    out = torch.empty_like(q_latent) if out is None else out
-    if one_split:
-        part_out = part_lse = out
-        po_strides, pl_strides = (0, 0, 0), (0, 0)
-    else:
-        part_out = torch.empty(num_seqs, num_heads, num_splits, rank, device=q_latent.device, dtype=torch.float32)
-        part_lse = torch.empty(num_seqs, num_heads, num_splits, device=q_latent.device, dtype=torch.float32)
-        po_strides, pl_strides = part_out.stride()[:3], part_lse.stride()[:2]
-
-    _mla_partition[(num_head_blocks, num_splits, num_seqs)](
-        q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
-        scale * LOG2E, partition_size,
-        q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
-        latent_cache.stride(0), latent_cache.stride(1),
-        block_table.stride(0),
-        out.stride(0), out.stride(1),
-        *po_strides, *pl_strides,
-        NUM_HEADS=num_heads, HEAD_BLOCK=head_block,
-        RANK=rank, RANK_PAD=max(16, next_pow2(rank)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
-        BLOCK_SIZE=block_size, BLOCK_N=cfg["block_n"], SUB_N=cfg["sub_n"],
-        ONE_SPLIT=one_split, DOT_PRECISION=dot_precision(q_latent.dtype), UPCAST=upcast_dots(latent_cache),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
-    if not one_split:
-        combine_partitions(part_out, part_lse, seq_lens, out, partition_size)
     return out

@@ -55,40 +55,42 @@ def locate(x, seqs, lens, tiles, ends, UNITS: tl.constexpr):
 def combine_cut_units(
     part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_seqs, num_programs,
     stride_o_seq, stride_o_head,
-    UNITS: tl.constexpr, ROWS: tl.constexpr,
+    NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROWS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
 ):
-    """Grid (sequence, query head). For a head of a unit that programs cut: merge the partials of
-    those programs (slot 1 of the first, slot 0 of the rest); partial rows are ROWS per unit.
+    """Grid (sequence, unit). If program boundaries cut the unit, merge its programs' partials
+    (slot 1 of the first program, slot 0 of the others) into the output rows of its ROWS heads.
     Whole units were written already; empty sequences get zeros here."""
     seq = tl.program_id(0)
-    q_head = tl.program_id(1)
-    unit = q_head // ROWS
-    row = q_head % ROWS
+    unit = tl.program_id(1)
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, UNITS, SEQS_PAD)
     n = tl.sum(tl.where(seqs == seq, tiles, 0), 0)
+    rows = tl.arange(0, ROWS_PAD)
+    heads = unit * ROWS + rows
+    row_mask = (rows < ROWS) & (heads < NUM_HEADS)
     dims = tl.arange(0, HEAD_DIM_PAD)
-    dim_mask = dims < HEAD_DIM
-    o_ptrs = out_ptr + seq * stride_o_seq + q_head * stride_o_head + dims
+    mask = row_mask[:, None] & (dims < HEAD_DIM)[None, :]
+    o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
     if n == 0:
-        tl.store(o_ptrs, tl.zeros([HEAD_DIM_PAD], tl.float32).to(out_ptr.dtype.element_ty), mask=dim_mask)
+        tl.store(o_ptrs, tl.zeros([ROWS_PAD, HEAD_DIM_PAD], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
     else:
         unit_first = tl.sum(tl.where(seqs == seq, ends, 0), 0) - (UNITS - unit) * n
         p_first = program_of(unit_first, num_programs, total)
         p_last = program_of(unit_first + n - 1, num_programs, total)
         if p_first != p_last:
-            at = (p_first * 2 + 1) * ROWS + row
-            m = tl.load(part_lse_ptr + at)
-            acc = tl.load(part_out_ptr + at * HEAD_DIM + dims, mask=dim_mask, other=0.0)
-            w = tl.full([], 1.0, tl.float32)
+            at = (p_first * 2 + 1) * ROWS + rows
+            m = tl.load(part_lse_ptr + at, mask=row_mask, other=0.0)
+            acc = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :], mask=mask, other=0.0)
+            w = tl.full([ROWS_PAD], 1.0, tl.float32)
             for p in range(p_first + 1, p_last + 1):
                 p_start, p_end = program_range(p, num_programs, total)
-                at = (p * 2) * ROWS + row
+                at = (p * 2) * ROWS + rows
                 # an empty range (more programs than tiles) left nothing: weigh it 0
-                lse = tl.where(p_end > p_start, tl.load(part_lse_ptr + at), float("-inf"))
-                o = tl.load(part_out_ptr + at * HEAD_DIM + dims, mask=dim_mask & (p_end > p_start), other=0.0)
+                lse = tl.load(part_lse_ptr + at, mask=row_mask & (p_end > p_start), other=float("-inf"))
+                o = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :], mask=mask & (p_end > p_start),
+                            other=0.0)
                 m_new = tl.maximum(m, lse)
-                acc = acc * tl.exp2(m - m_new) + o * tl.exp2(lse - m_new)
+                acc = acc * tl.exp2(m - m_new)[:, None] + o * tl.exp2(lse - m_new)[:, None]
                 w = w * tl.exp2(m - m_new) + tl.exp2(lse - m_new)
                 m = m_new
-            tl.store(o_ptrs, (acc / w).to(out_ptr.dtype.element_ty), mask=dim_mask)
+            tl.store(o_ptrs, (acc / w[:, None]).to(out_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,255 @@
+"""The paged stack on the H200, in one device call: memory against the floors and against stock
+transformers, first-step logits against stock in bf16, and token equality on the GPU kernels.
+
+    PYTHONUNBUFFERED=1 python benchmarks/paged_h200.py [--out DIR]
+    python benchmarks/paged_h200.py --dry-run      # CPU smoke test of this script (scaled-down model)
+
+1. Memory, through the harness (harness.measure.measure, collectors and all), full R1-Distill-Qwen-7B
+   preset in bf16, stacks hf and paged: batch 8 x (2048 prompt + 128 new), and one 32K-context request
+   (32640 prompt + 128 new). Peak above weights = gpu.heap_alloc.peak - weights. Bars: paged within
+   1.3x of (KV floor + its declared workspace), and at least 2.5x below hf.
+2. First-step logits, batch of 16 x 512-token prompts in bf16: hf and paged (same weights) each against
+   a float32 evaluation of the same weights, and against each other. Bar: paged's error is within
+   bf16 error, i.e. no more than 1.5x stock's own bf16 error, and wherever its top-1 differs from float32's
+   the two are a near tie (float32's margin between them within stock's own bf16 error on that row).
+3. Greedy tokens, float32, the three families scaled down (tests/paged), hf vs paged on the Triton
+   kernels: the first 16 tokens of every request equal.
+Writes paged_h200.json and paged_h200.log to DIR ($OUT on the device machine); prints a short table last.
+"""
+import argparse
+import copy
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "paged")]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from harness import config, stacks, workload  # noqa: E402
+from harness.measure import measure, resolve_device  # noqa: E402
+from harness.metrics.collect import CollectorOptions  # noqa: E402
+
+GB = 1e9
+LOG: list[str] = []
+
+FULL = {}  # the preset as published
+SCALED = dict(layers=2, hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2,
+              vocab_size=2048)  # --dry-run
+
+
+def say(*parts) -> None:
+    line = " ".join(str(p) for p in parts)
+    print(line, flush=True)
+    LOG.append(line)
+
+
+def make(directory, name, model, requests, dtype, engine=None):
+    doc = {"name": name, "model": {"preset": "r1-distill-qwen-7b", "dtype": dtype, **model},
+           "requests": requests, "stacks": ["hf", "paged"], "engine": engine or {"max_num_batched_tokens": 2048}}
+    import yaml
+
+    path = Path(directory) / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return workload.load_file(str(path), None, stacks.names(), config.load(ROOT).thresholds)[0]
+
+
+def memory(wl, device) -> dict:
+    rows = {}
+    for stack in ("hf", "paged"):
+        t = time.perf_counter()
+        m = measure(wl, stack, device, CollectorOptions(python_heap=False, cpu_tensors=device.type == "cpu"))
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        metric = {k: v.value for k, v in m.metrics.items()}
+        peak = metric.get("gpu.heap_alloc.peak") if device.type == "cuda" else metric.get("cpu.heap_alloc.peak")
+        weights = m.floors.get("weights")
+        rows[stack] = {
+            "error": m.error, "seconds": round(time.perf_counter() - t, 1), "peak": peak, "weights": weights,
+            "above_weights": None if peak is None or weights is None else peak - weights,
+            "kv_floor": m.floors["kv"], "workspace": m.floors.get("workspace"), "metrics": metric,
+            "notes": [n for n in m.notes if not n.startswith("Traceback")][:4],
+        }
+        say(f"  {wl.name}[{stack}]: {rows[stack]['seconds']} s, peak {fmt(peak)}, weights {fmt(weights)}, "
+            f"above weights {fmt(rows[stack]['above_weights'])}, kv.bytes.peak {fmt(metric.get('kv.bytes.peak'))}, "
+            f"kv.page_footprint {metric.get('kv.page_footprint')}, tokens/s {num(metric.get('tokens_per_s'))}, "
+            f"error {m.error and m.error['message'][:300]}")
+        for note in rows[stack]["notes"]:
+            say("    note:", note[:400])
+    hf, paged = rows["hf"], rows["paged"]
+    if hf["above_weights"] and paged["above_weights"]:
+        declared = paged["kv_floor"] + paged["workspace"]
+        rows["paged_vs_declared"] = paged["above_weights"] / declared
+        rows["hf_over_paged"] = hf["above_weights"] / paged["above_weights"]
+        rows["pass"] = rows["paged_vs_declared"] <= 1.3 and rows["hf_over_paged"] >= 2.5
+    return rows
+
+
+def logits_agreement(wl, device) -> dict:
+    """hf and paged (sharing the weights) on the same prompts; both against float32 on those weights."""
+    from harness.models import build_hf_model, prompt_ids, torch_dtype
+    from harness.stacks.paged.config import EngineConfig, ModelSpec
+    from harness.stacks.paged.engine import Engine
+    from harness.stacks.paged.model import CausalLM
+    from harness.stacks.paged.sequence import Request
+
+    dtype = torch_dtype(wl, device)
+    hf = build_hf_model(wl, device)
+    spec = ModelSpec.from_hf(hf.config)
+    requests = wl.request_list()
+    prompts = prompt_ids(wl, spec.vocab)
+    ids = torch.tensor(prompts, device=device)
+    with torch.inference_mode():
+        hf_logits = hf(input_ids=ids).logits[:, -1].float()
+        cfg = EngineConfig.from_workload(wl, requests)
+        model = CausalLM.from_hf(hf, spec, 1 << 20)
+        engine = Engine(model, spec, cfg, dtype, device)
+        seqs = [Request(i, p, r.max_new_tokens, 0, cfg.block_size) for i, (r, p) in enumerate(zip(requests, prompts))]
+        for s in seqs:
+            engine.scheduler.add(s)
+        batch = engine.scheduler.schedule()
+        assert [n for _, n in batch] == [len(p) for p in prompts], "all prompts in one pass"
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+        _, paged_logits = engine.runner.step(batch, return_logits=True)
+        one_pass = torch.cuda.max_memory_allocated() - before if device.type == "cuda" else None
+        from harness.stacks.paged.workspace import declare
+
+        declared = declare(spec, cfg, requests, torch.empty(0, dtype=dtype).element_size(), device.type == "cuda")
+        del engine, model
+        reference = copy.deepcopy(hf).float()
+        del hf
+        gc.collect()
+        ref_logits = reference(input_ids=ids).logits[:, -1].float()
+        del reference
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm())
+
+    def top1_misses(logits):
+        """Rows whose top-1 differs from float32's, and whether each is a near tie: float32's margin
+        between the two picks no larger than stock's own bf16 error on that row."""
+        misses = []
+        for r in (logits.argmax(-1) != ref_logits.argmax(-1)).nonzero().flatten().tolist():
+            margin = float(ref_logits[r].max() - ref_logits[r, logits[r].argmax()])
+            noise = float((hf_logits[r] - ref_logits[r]).abs().max())
+            misses.append({"row": r, "fp32_margin": margin, "bf16_noise": noise, "near_tie": margin <= noise})
+        return misses
+
+    out = {
+        "prompts": len(prompts), "prompt_tokens": len(prompts[0]), "dtype": str(dtype),
+        "rel_err_hf_vs_fp32": rel(hf_logits, ref_logits), "rel_err_paged_vs_fp32": rel(paged_logits, ref_logits),
+        "rel_err_paged_vs_hf": rel(paged_logits, hf_logits),
+        "max_abs_paged_vs_hf": float((paged_logits - hf_logits).abs().max()),
+        "logit_scale": float(ref_logits.abs().max()),
+        "paged_one_pass_transient": one_pass, "declared_workspace": declared.total,
+        "declared_parts": declared.parts, "budget_tokens": cfg.max_num_batched_tokens,
+        "top1_paged_eq_hf": int((paged_logits.argmax(-1) == hf_logits.argmax(-1)).sum()),
+        "top1_paged_misses_vs_fp32": top1_misses(paged_logits), "top1_hf_misses_vs_fp32": top1_misses(hf_logits),
+    }
+    out["pass"] = (out["rel_err_paged_vs_fp32"] <= 1.5 * max(out["rel_err_hf_vs_fp32"], 1e-6)
+                   and all(m["near_tie"] for m in out["top1_paged_misses_vs_fp32"]))
+    say("  logits:", json.dumps(out))
+    return out
+
+
+def tiny_tokens(directory, device) -> dict:
+    from harness.stacks.hf import HFStack
+    from harness.stacks.paged import PagedStack
+    from paged_helpers import FAMILIES, make_workload, run_stack
+
+    out = {}
+    for preset in FAMILIES:
+        wl = make_workload(Path(directory), preset, name=f"tiny-{preset}")
+        hf, _ = run_stack(HFStack, wl, device.type)
+        paged, _ = run_stack(PagedStack, wl, device.type)
+        same = [a[:16] == b[:16] for a, b in zip(hf.outputs, paged.outputs)]
+        out[preset] = {"requests": len(same), "equal": sum(same),
+                       "blocks_unreclaimed": paged.metrics["kv.blocks_unreclaimed"].value}
+        say(f"  tokens {preset}: {sum(same)}/{len(same)} requests equal over 16 tokens, "
+            f"blocks unreclaimed {out[preset]['blocks_unreclaimed']}")
+    return out
+
+
+def fmt(b) -> str:
+    return "-" if b is None else f"{b / GB:.3f} GB"
+
+
+def num(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
+    parser.add_argument("--dry-run", action="store_true", help="scaled-down model on the CPU")
+    parser.add_argument("--skip", default="", help="comma-separated sections to skip: batch8,ctx32k,logits,tokens")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    device = resolve_device("cpu" if args.dry_run else "cuda")
+    model, dtype = (SCALED, "float32") if args.dry_run else (FULL, "bfloat16")
+    prompt, ctx, logit_len = (256, 1024, 64) if args.dry_run else (2048, 32768, 512)
+    say(f"paged stack benchmark on {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, "
+        f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    results: dict = {"device": device.type, "dry_run": args.dry_run}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        if "tokens" not in skip:
+            say("greedy tokens, float32, scaled-down families, hf vs paged:")
+            results["tokens"] = tiny_tokens(tmp, device)
+        if "batch8" not in skip:
+            say(f"memory: batch 8 x ({prompt} prompt + 128 new), {dtype}:")
+            wl = make(tmp, "batch8", model, [{"count": 8, "prompt_tokens": prompt, "max_new_tokens": 128}], dtype)
+            results["batch8"] = memory(wl, device)
+        if "ctx32k" not in skip:
+            say(f"memory: one request of {ctx - 128} prompt + 128 new, {dtype}:")
+            wl = make(tmp, "ctx32k", model, [{"count": 1, "prompt_tokens": ctx - 128, "max_new_tokens": 128}], dtype)
+            results["ctx32k"] = memory(wl, device)
+        if "logits" not in skip:
+            say(f"first-step logits, 16 x {logit_len}-token prompts, {dtype}:")
+            wl = make(tmp, "logits", model, [{"count": 16, "prompt_tokens": logit_len, "max_new_tokens": 1}], dtype,
+                      engine={"max_num_batched_tokens": 16 * logit_len})
+            results["logits"] = logits_agreement(wl, device)
+    results["seconds"] = round(time.perf_counter() - t0, 1)
+
+    say("")
+    say("| check | hf above weights | paged above weights | KV floor | workspace | paged / (KV+ws) (<= 1.3) "
+        "| hf / paged (>= 2.5) | pass |")
+    say("|---|---|---|---|---|---|---|---|")
+    for key in ("batch8", "ctx32k"):  # measured activations = above weights - kv.bytes.peak
+        r = results.get(key)
+        if r and "paged_vs_declared" in r:
+            say(f"| {key} | {fmt(r['hf']['above_weights'])} | {fmt(r['paged']['above_weights'])} | "
+                f"{fmt(r['paged']['kv_floor'])} | {fmt(r['paged']['workspace'])} | {r['paged_vs_declared']:.3f} | "
+                f"{r['hf_over_paged']:.2f}x | {r['pass']} |")
+        elif r:
+            say(f"| {key} | error: hf {r['hf']['error']} paged {r['paged']['error']} | | | | | | False |")
+    if "logits" in results:
+        lg = results["logits"]
+        ties = lg["top1_paged_misses_vs_fp32"]
+        say(f"| logits {lg['dtype'][6:]} | rel err vs fp32 {lg['rel_err_hf_vs_fp32']:.4f} | {lg['rel_err_paged_vs_fp32']:.4f} | "
+            f"paged vs hf {lg['rel_err_paged_vs_hf']:.4f} | top-1 = hf {lg['top1_paged_eq_hf']}/{lg['prompts']}; "
+            f"{len(ties)} misses vs fp32, {sum(m['near_tie'] for m in ties)} near ties | | | {lg['pass']} |")
+    for preset, r in results.get("tokens", {}).items():
+        say(f"| tokens {preset} | | {r['equal']}/{r['requests']} equal | | | | | {r['equal'] == r['requests']} |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "paged_h200.json").write_text(json.dumps(results, indent=1, default=str))
+    (out / "paged_h200.log").write_text("\n".join(LOG) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

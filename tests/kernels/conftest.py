@@ -1,0 +1,39 @@
+"""The kernel tests run the Triton kernels on the CPU under Triton's interpreter.
+
+triton.jit reads TRITON_INTERPRET when a kernel is defined, so it is set before the kernel modules
+are imported (or they are reloaded if something imported them first). It is then put back as it
+was, so tests outside this folder keep the torch reference on CPU tensors; tests here get it
+again through an autouse fixture (kernels' public entry points read it at call time)."""
+import importlib
+import os
+import sys
+
+import pytest
+
+KERNEL_MODULES = ("kernels.dot", "kernels.work_split", "kernels.cache_write", "kernels.decode", "kernels.prefill",
+                  "kernels.mla")
+
+_before = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"
+try:
+    import triton  # noqa: F401
+except ImportError:  # the block manager tests need no Triton
+    HAVE_TRITON = False
+else:
+    HAVE_TRITON = True
+    for name in KERNEL_MODULES:
+        if name in sys.modules:
+            importlib.reload(sys.modules[name])
+        else:
+            importlib.import_module(name)
+finally:
+    if _before is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = _before
+
+
+@pytest.fixture(autouse=True)
+def triton_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+

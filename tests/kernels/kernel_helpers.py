@@ -1,0 +1,37 @@
+"""Shared pieces of the kernel tests: scattered paged caches, poisoned outputs, dtype error bounds."""
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# ||out - ref|| / ||ref|| against the float32 reference, by input dtype (fp32 accumulation throughout)
+REL_ERR_BOUND = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def poisoned(like):
+    """An output buffer full of NaN: any element a kernel fails to write shows up."""
+    return torch.full_like(like, float("nan"))
+
+
+def assert_close(out, ref):
+    assert not torch.isnan(out).any(), "an output element was never written (still NaN)"
+    err = ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+    bound = REL_ERR_BOUND[out.dtype]
+    assert err < bound, f"relative error {err:.2e} over the {out.dtype} bound {bound:.0e}"
+
+
+def scattered_block_table(lengths, block_size, gen, spare=3):
+    """int32 block tables whose blocks lie at random places in a cache of just enough blocks
+    (plus `spare`); the padding past each sequence's blocks points at real blocks too."""
+    per_seq = [-(-n // block_size) for n in lengths]
+    width = max(max(per_seq), 1)
+    num_blocks = sum(per_seq) + spare
+    perm = torch.randperm(num_blocks, generator=gen)
+    table = torch.randint(0, num_blocks, (len(lengths), width), generator=gen, dtype=torch.int32)
+    at = 0
+    for i, n in enumerate(per_seq):
+        table[i, :n] = perm[at:at + n].to(torch.int32)
+        at += n
+    return table, num_blocks
+
+
+def randn(gen, *shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=gen).to(dtype)

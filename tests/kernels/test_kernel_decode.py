@@ -1,0 +1,88 @@
+"""Paged decode (Triton, under the interpreter) against the float32 torch reference: random lengths
+(not multiples of the block), scattered block tables, block sizes 8/16/32, GQA ratios 1/4/7/8,
+fp32/fp16/bf16, outputs poisoned with NaN before every run."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import kernels  # noqa: E402
+from kernel_helpers import DTYPES, assert_close, poisoned, randn, scattered_block_table  # noqa: E402
+from kernels import reference  # noqa: E402
+from kernels.decode import paged_decode  # noqa: E402
+
+RATIOS = {1: (2, 2), 4: (8, 2), 7: (7, 1), 8: (8, 1)}  # GQA ratio -> (query heads, KV heads)
+
+
+def make_case(seed, block_size, q_heads, kv_heads, head_dim=16, num_seqs=3, max_len=40, dtype=torch.float32,
+              lengths=None):
+    gen = torch.Generator().manual_seed(seed)
+    if lengths is None:
+        lengths = torch.randint(1, max_len + 1, (num_seqs,), generator=gen).tolist()
+        lengths[0] = block_size * 2 + 3  # never a multiple of the block
+    table, num_blocks = scattered_block_table(lengths, block_size, gen)
+    k = randn(gen, num_blocks, block_size, kv_heads, head_dim, dtype=dtype)
+    v = randn(gen, num_blocks, block_size, kv_heads, head_dim, dtype=dtype)
+    q = randn(gen, len(lengths), q_heads, head_dim, dtype=dtype)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32)
+    return q, k, v, table, seq_lens, head_dim ** -0.5
+
+
+def fp32_reference(q, k, v, table, seq_lens, scale):
+    return reference.paged_decode(q.float(), k.float(), v.float(), table, seq_lens, scale)
+
+
+@pytest.mark.parametrize("ratio", sorted(RATIOS))
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_matches_reference_fp32(block_size, ratio):
+    case = make_case(block_size * 10 + ratio, block_size, *RATIOS[ratio])
+    out = paged_decode(*case, out=poisoned(case[0]))
+    assert_close(out, fp32_reference(*case))
+
+
+@pytest.mark.parametrize("dtype,block_size,ratio", [
+    ("float16", 8, 7), ("float16", 16, 1), ("float16", 32, 4),
+    ("bfloat16", 8, 4), ("bfloat16", 16, 8), ("bfloat16", 32, 7),
+])
+def test_matches_reference_half_precision(dtype, block_size, ratio):
+    case = make_case(block_size + ratio, block_size, *RATIOS[ratio], dtype=DTYPES[dtype])
+    out = paged_decode(*case, out=poisoned(case[0]))
+    assert out.dtype == DTYPES[dtype]
+    assert_close(out, fp32_reference(*case))
+
+
+@pytest.mark.parametrize("num_programs", [1, 5, 40])
+def test_any_split_of_the_work_gives_the_same_answer(num_programs):
+    # One long and several short sequences, one empty: units cut across programs, programs that
+    # cover several units, and (40) more programs than tiles, some with nothing to do.
+    case = make_case(num_programs, 8, 8, 2, lengths=[37, 0, 5, 19, 1])
+    out = paged_decode(*case, out=poisoned(case[0]), num_programs=num_programs)
+    ref = fp32_reference(*case)
+    assert_close(out, ref)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))  # nothing cached: zeros, not NaN
+
+
+@pytest.mark.parametrize("head_dim", [24, 64])
+def test_head_dims_that_need_masking_or_more_width(head_dim):
+    case = make_case(head_dim, 16, 8, 2, head_dim=head_dim)
+    assert_close(paged_decode(*case, out=poisoned(case[0])), fp32_reference(*case))
+
+
+def test_public_entry_point_runs_the_kernel_under_the_interpreter_and_the_reference_without(monkeypatch):
+    case = make_case(3, 16, 8, 2)
+    ref = fp32_reference(*case)
+    assert_close(kernels.paged_decode(*case), ref)  # TRITON_INTERPRET=1 (conftest)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert_close(kernels.paged_decode(*case), ref)  # the torch reference
+
+
+def test_reference_equals_dense_attention_in_float64():
+    q, k, v, table, seq_lens, scale = make_case(11, 8, 8, 2, dtype=torch.float64)
+    out = reference.paged_decode(q, k, v, table, seq_lens, scale)
+    for i, n in enumerate(seq_lens.tolist()):
+        keys = torch.cat([k[b] for b in table[i].tolist()])[:n]  # [n, kv_heads, d]
+        vals = torch.cat([v[b] for b in table[i].tolist()])[:n]
+        for h in range(q.shape[1]):
+            kv_head = h // (q.shape[1] // k.shape[2])
+            p = torch.softmax(keys[:, kv_head] @ q[i, h] * scale, 0)
+            torch.testing.assert_close(out[i, h], p @ vals[:, kv_head], rtol=1e-5, atol=1e-6)  # fp32 math

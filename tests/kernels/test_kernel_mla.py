@@ -1,0 +1,78 @@
+"""MLA decode with absorbed projections (Triton, under the interpreter) against the float32
+reference, and the reference against the unabsorbed multi-head form it stands for."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import kernels  # noqa: E402
+from kernel_helpers import DTYPES, assert_close, poisoned, randn, scattered_block_table  # noqa: E402
+from kernels import reference  # noqa: E402
+from kernels.mla import mla_decode  # noqa: E402
+
+
+def make_case(seed, block_size, heads, lengths, rank=64, rope=16, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    table, num_blocks = scattered_block_table(lengths, block_size, gen)
+    cache = randn(gen, num_blocks, block_size, rank + rope, dtype=dtype)
+    q_latent = randn(gen, len(lengths), heads, rank, dtype=dtype)
+    q_pe = randn(gen, len(lengths), heads, rope, dtype=dtype)
+    return q_latent, q_pe, cache, table, torch.tensor(lengths, dtype=torch.int32), (rank // 4 + rope) ** -0.5
+
+
+def fp32_reference(q_latent, q_pe, cache, table, seq_lens, scale):
+    return reference.mla_decode(q_latent.float(), q_pe.float(), cache.float(), table, seq_lens, scale)
+
+
+@pytest.mark.parametrize("heads", [4, 16, 20])  # padded to a block of 16; one block; two blocks
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+def test_matches_reference_fp32(block_size, heads):
+    case = make_case(block_size + heads, block_size, heads, [block_size * 2 + 5, 1, 13])
+    assert_close(mla_decode(*case, out=poisoned(case[0])), fp32_reference(*case))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision(dtype):
+    case = make_case(1, 16, 16, [29, 40], dtype=DTYPES[dtype])
+    assert_close(mla_decode(*case, out=poisoned(case[0])), fp32_reference(*case))
+
+
+@pytest.mark.parametrize("num_programs", [1, 3, 20])
+def test_any_split_of_the_work_gives_the_same_answer(num_programs):
+    case = make_case(num_programs, 8, 16, [45, 0, 3])
+    out = mla_decode(*case, out=poisoned(case[0]), num_programs=num_programs)
+    assert_close(out, fp32_reference(*case))
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+def test_deepseek_v2_lite_widths_bf16():
+    case = make_case(2, 16, 16, [21, 7], rank=512, rope=64, dtype=torch.bfloat16)
+    assert_close(mla_decode(*case, out=poisoned(case[0])), fp32_reference(*case))
+
+
+def test_absorbed_reference_equals_the_unabsorbed_multi_head_form():
+    """scores = q_nope.(W_UK kv_c) + q_pe.k_pe and out = softmax @ (W_UV kv_c), head by head, equal
+    the absorbed reference fed q_latent = q_nope @ W_UK and followed by W_UV."""
+    gen = torch.Generator().manual_seed(3)
+    heads, nope, rank, rope, v_dim = 4, 8, 32, 16, 8
+    _, q_pe, cache, table, seq_lens, scale = make_case(4, 8, heads, [19], rank=rank, rope=rope, dtype=torch.float64)
+    q_nope = torch.randn(1, heads, nope, generator=gen, dtype=torch.float64)
+    w_uk = torch.randn(heads, nope, rank, generator=gen, dtype=torch.float64)
+    w_uv = torch.randn(heads, rank, v_dim, generator=gen, dtype=torch.float64)
+    latent = torch.cat([cache[b] for b in table[0].tolist()])[:19]
+    kv_c, k_pe = latent[:, :rank], latent[:, rank:]
+    k_nope = torch.einsum("hnr,tr->htn", w_uk, kv_c)  # per-head keys the model would expand
+    values = torch.einsum("hrv,tr->htv", w_uv, kv_c)
+    scores = (torch.einsum("hn,htn->ht", q_nope[0], k_nope) + torch.einsum("hp,tp->ht", q_pe[0], k_pe)) * scale
+    expanded = torch.einsum("ht,htv->hv", scores.softmax(-1), values)
+    q_latent = torch.einsum("shn,hnr->shr", q_nope, w_uk)
+    absorbed = reference.mla_decode(q_latent, q_pe, cache, table, seq_lens, scale)
+    torch.testing.assert_close(torch.einsum("hr,hrv->hv", absorbed[0], w_uv), expanded, rtol=1e-4, atol=1e-5)
+
+
+def test_public_entry_point(monkeypatch):
+    case = make_case(9, 16, 16, [30, 2])
+    ref = fp32_reference(*case)
+    assert_close(kernels.mla_decode(*case), ref)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert_close(kernels.mla_decode(*case), ref)
