@@ -125,7 +125,7 @@ class MemcheckSession:
             result.measurement.artifacts["allocator_snapshot"] = os.path.relpath(path, base)
 
 
-def pin_xdist_worker(env) -> str | None:
+def pin_xdist_worker(env, device_count=None) -> str | None:
     """Under pytest-xdist, give worker gwN its own GPU: CUDA_VISIBLE_DEVICES for the measuring processes it
     starts (N modulo the GPUs visible). Returns the device it was pinned to, or None."""
     worker = env.get("PYTEST_XDIST_WORKER", "")
@@ -135,9 +135,11 @@ def pin_xdist_worker(env) -> str | None:
     if visible is not None:
         devices = [d.strip() for d in visible.split(",") if d.strip()]
     else:
-        import torch
+        if device_count is None:
+            import torch
 
-        devices = [str(i) for i in range(torch.cuda.device_count())]
+            device_count = torch.cuda.device_count
+        devices = [str(i) for i in range(device_count())]
     if not devices:
         return None
     env["CUDA_VISIBLE_DEVICES"] = devices[int(worker[2:]) % len(devices)]

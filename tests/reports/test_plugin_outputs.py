@@ -25,7 +25,8 @@ def test_one_session_writes_every_report(pytester, monkeypatch):
     pytester.makefile(".toml", pyproject="[tool.memcheck]\n")
     summary = pytester.path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--memcheck", "tiny.yaml", "--memcheck-report", "out/r.json",
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--memcheck", "tiny.yaml", "--memcheck-device", "cpu",
+                                           "--memcheck-no-host-heap", "--memcheck-report", "out/r.json",
                                 "--memcheck-markdown", "out/r.md", "--memcheck-html", "out/r.html",
                                 "--memcheck-openmetrics", "out/metrics.txt", "--memcheck-benchmark-json", "out/b.json",
                                 "--memcheck-bencher", "out/bmf.json", "--junitxml", "out/junit.xml")
@@ -58,15 +59,13 @@ def test_xdist_worker_hands_its_results_to_the_controller():
     MemcheckSession.pytest_testnodedown(controller, SimpleNamespace(workeroutput={}), error="crashed")  # no data
 
 
-def test_xdist_workers_are_pinned_to_their_own_gpu(monkeypatch):
+def test_xdist_workers_are_pinned_to_their_own_gpu():
     env = {"PYTEST_XDIST_WORKER": "gw2", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     assert pin_xdist_worker(env) == "2" and env["CUDA_VISIBLE_DEVICES"] == "2"
     env = {"PYTEST_XDIST_WORKER": "gw5", "CUDA_VISIBLE_DEVICES": "4,6"}
     assert pin_xdist_worker(env) == "6"  # more workers than GPUs: round robin
     env = {"PYTEST_XDIST_WORKER": "gw1"}
-    monkeypatch.setattr("torch.cuda.device_count", lambda: 8)
-    assert pin_xdist_worker(env) == "1"
-    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
+    assert pin_xdist_worker(env, device_count=lambda: 8) == "1"
     env = {"PYTEST_XDIST_WORKER": "gw1"}
-    assert pin_xdist_worker(env) is None and "CUDA_VISIBLE_DEVICES" not in env  # a CPU runner
+    assert pin_xdist_worker(env, device_count=lambda: 0) is None and "CUDA_VISIBLE_DEVICES" not in env  # CPU runner
     assert pin_xdist_worker({}) is None  # not under xdist
