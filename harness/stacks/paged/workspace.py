@@ -3,8 +3,9 @@ beyond the weights and the KV pool, sized from the token budget (max_num_batched
 
 Counted per token at the widest point of a layer (the residual stream the caller still holds, plus
 the phase's live intermediates), times the budget; plus the logits of the sampled rows, the decode
-kernels' partial results, the MLA prefill's score tile and gathered prefix, and on CUDA the cuBLAS
-workspace the torch allocator hands out. The harness reports it beside the floors (weights, KV):
+kernels' partial results, the MLA prefill's score tile and gathered prefix, on CUDA the cuBLAS
+workspace the torch allocator hands out, and on the CPU the scratch of the torch reference kernels
+(one sequence's scores and gathered K/V, which the Triton kernels never materialise). The harness reports it beside the floors (weights, KV):
 a stack whose peak above the weights exceeds KV + workspace by much has a transient nobody declared."""
 from __future__ import annotations
 
@@ -74,4 +75,9 @@ def declare(spec: ModelSpec, cfg: EngineConfig, requests, dtype_bytes: int, on_c
         ws.parts["MLA prefill prefix"] = longest * spec.latent_width * dtype_bytes
     if on_cuda:
         ws.parts["cuBLAS workspace"] = CUBLAS_WORKSPACE
+    else:  # the torch reference kernels materialise one sequence's scores and its gathered K/V (or latent)
+        longest = max(r.prompt_tokens + r.max_new_tokens for r in requests)
+        chunk = min(budget, max(r.prompt_tokens for r in requests))
+        row = spec.latent_width if spec.mla else 2 * spec.kv_heads * spec.head_dim
+        ws.parts["reference attention scratch"] = 3 * 4 * (chunk * spec.heads * longest + longest * row)
     return ws
