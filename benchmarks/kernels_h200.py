@@ -51,7 +51,7 @@ DECODE_SWEEP = [
 ]
 MLA_SWEEP = [
     (dict(block_n=32, num_warps=4, num_stages=2, head_block=16, maxnreg=168), (2,)),
-    (dict(block_n=32, num_warps=4, num_stages=2, head_block=16), (1,)),
+    (dict(block_n=32, num_warps=4, num_stages=2, head_block=16, maxnreg=None), (1,)),
     (dict(block_n=32, num_warps=4, num_stages=3, head_block=16, maxnreg=168), (1,)),
     (dict(block_n=32, num_warps=4, num_stages=2, head_block=16, maxnreg=152), (1,)),
     (dict(block_n=64, num_warps=8, num_stages=2, head_block=16, maxnreg=128), (1,)),

@@ -2,10 +2,10 @@
 
 A program attends for one KV head at a time, with all the query heads that share it (GQA/MQA/MHA;
 the group is padded to 16 rows so both products run on the tensor cores: decode is memory-bound,
-the padding costs no bytes). Split-context (flash-decoding), balanced: the step's tiles are split
-evenly over exactly the programs the GPU holds at once (kernels/work_split.py), so one long
-sequence fills the GPU as well as many short ones, whatever the mix of lengths; a small second
-kernel merges the (sequence, KV head) units that a program boundary cut.
+the padding costs no bytes). Split-context (flash-decoding), balanced: each KV head's tiles are
+split evenly over the programs the GPU holds at once (kernels/work_split.py), so one long sequence
+fills the GPU as well as many short ones, whatever the mix of lengths; a small second kernel
+merges the sequences that a range boundary cut.
 """
 import torch
 import triton
@@ -69,18 +69,19 @@ def _decode(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """One program's even share of the tile line; units are (sequence, KV head)."""
+    """Range j of KV head `kv_head`'s tile line (kernels/work_split.py)."""
     pid = tl.program_id(0)
-    seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, NUM_KV_HEADS, SEQS_PAD)
-    first, last = program_range(pid, num_programs, total)
+    kv_head = pid % NUM_KV_HEADS
+    seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
+    first, last = program_range(pid // NUM_KV_HEADS, num_programs // NUM_KV_HEADS, total)
     rows = tl.arange(0, GROUP_PAD)
     row_mask = rows < GROUP
     dims = tl.arange(0, HEAD_DIM_PAD)
     out_mask = row_mask[:, None] & (dims < HEAD_DIM)[None, :]
     x = first
     while x < last:
-        seq, kv_head, t_first, n, seq_len, unit_end = locate(x, seqs, lens, tiles, ends, NUM_KV_HEADS)
-        seg_end = tl.minimum(last, unit_end)
+        seq, t_first, n, seq_len, seq_end = locate(x, seqs, lens, tiles, ends)
+        seg_end = tl.minimum(last, seq_end)
         t_last = t_first + seg_end - x
         heads = kv_head * GROUP + rows
         q = tl.load(q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :],
@@ -90,10 +91,10 @@ def _decode(
                                    stride_k_block, stride_k_tok, stride_k_head,
                                    stride_v_block, stride_v_tok, stride_v_head,
                                    GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
-        if (t_first == 0) & (t_last == n):  # the whole unit: final output
+        if (t_first == 0) & (t_last == n):  # the whole sequence: final output
             o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
             tl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
-        else:  # cut: slot 0 if it is this program's first unit, 1 if its last (both if both)
+        else:  # cut: slot 0 if it is this range's first sequence, 1 if its last (both if both)
             part = acc / l[:, None]
             lse = m + tl.log2(l)
             for slot in tl.static_range(2):
@@ -139,6 +140,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
         num_programs = resident_programs(_decode, (tuple(consts.items()), q.dtype, k_cache.dtype), q.device,
                                          cfg["num_warps"],
                                          lambda: _decode.warmup(*args(1, scratch, scratch), grid=(1,), **consts))
+    num_programs = num_kv_heads * max(1, num_programs // num_kv_heads)  # whole ranges for every KV head
     part_out = torch.empty(num_programs * 2 * group * head_dim, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * group, device=q.device, dtype=torch.float32)
     _decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
@@ -146,6 +148,6 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_q_heads, UNITS=num_kv_heads, ROWS=group, ROWS_PAD=max(2, next_pow2(group)),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=consts["HEAD_DIM_PAD"],
-        BLOCK_N=block_n, SEQS_PAD=consts["SEQS_PAD"], num_warps=4,
+        BLOCK_N=block_n, SEQS_PAD=consts["SEQS_PAD"], num_warps=1 if group * head_dim <= 2048 else 4,
     )
     return out

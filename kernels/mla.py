@@ -5,7 +5,7 @@ so every head attends straight over the cached latent: scores = q_latent.kv_c + 
 output stays in latent space (softmax @ kv_c, kv_lora_rank wide) for the caller's W_UV. The cache
 has one shared 576-wide row per token (kv_c 512 then k_pe 64), read once for all the heads of a
 program: a block of HEAD_BLOCK heads, so the products run on the tensor cores. The work is split
-as in paged decode (kernels/work_split.py), units being (sequence, head block).
+as in paged decode (kernels/work_split.py), head blocks taking the place of KV heads.
 """
 import torch
 import triton
@@ -67,18 +67,19 @@ def _mla_decode(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """One program's even share of the tile line; units are (sequence, head block)."""
+    """Range j of head block `head_block`'s tile line (kernels/work_split.py)."""
     pid = tl.program_id(0)
-    seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, NUM_HEAD_BLOCKS, SEQS_PAD)
-    first, last = program_range(pid, num_programs, total)
+    head_block = pid % NUM_HEAD_BLOCKS
+    seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
+    first, last = program_range(pid // NUM_HEAD_BLOCKS, num_programs // NUM_HEAD_BLOCKS, total)
     rows = tl.arange(0, HEAD_BLOCK)
     rank_dims = tl.arange(0, RANK_PAD)
     rank_mask = rank_dims < RANK
     rope_dims = tl.arange(0, ROPE_PAD)
     x = first
     while x < last:
-        seq, head_block, t_first, n, seq_len, unit_end = locate(x, seqs, lens, tiles, ends, NUM_HEAD_BLOCKS)
-        seg_end = tl.minimum(last, unit_end)
+        seq, t_first, n, seq_len, seq_end = locate(x, seqs, lens, tiles, ends)
+        seg_end = tl.minimum(last, seq_end)
         t_last = t_first + seg_end - x
         heads = head_block * HEAD_BLOCK + rows
         head_mask = heads < NUM_HEADS
@@ -91,10 +92,10 @@ def _mla_decode(
                                 t_first * BLOCK_N, tl.minimum(t_last * BLOCK_N, seq_len), qk_scale,
                                 stride_c_block, stride_c_tok, HEAD_BLOCK, RANK, RANK_PAD, ROPE, ROPE_PAD,
                                 BLOCK_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
-        if (t_first == 0) & (t_last == n):  # the whole unit: final output
+        if (t_first == 0) & (t_last == n):  # the whole sequence: final output
             o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + rank_dims[None, :]
             tl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
-        else:  # cut: slot 0 if it is this program's first unit, 1 if its last (both if both)
+        else:  # cut: slot 0 if it is this range's first sequence, 1 if its last (both if both)
             part = acc / l[:, None]
             lse = m + tl.log2(l)
             for slot in tl.static_range(2):
@@ -142,6 +143,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
         num_programs = resident_programs(_mla_decode, (tuple(consts.items()), q_latent.dtype, latent_cache.dtype),
                                          q_latent.device, cfg["num_warps"],
                                          lambda: _mla_decode.warmup(*args(1, scratch, scratch), grid=(1,), **consts))
+    num_programs = num_head_blocks * max(1, num_programs // num_head_blocks)  # whole ranges per head block
     part_out = torch.empty(num_programs * 2 * head_block * rank, device=q_latent.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * head_block, device=q_latent.device, dtype=torch.float32)
     _mla_decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
