@@ -59,7 +59,22 @@ def safe_url(url) -> str | None:
     return urllib.parse.quote(parts.geturl(), safe=":/?#[]@!$&'*+,;=%~")
 
 
+def split_checks(checks) -> tuple[list, list[tuple[str, list[str]]]]:
+    """Checks worth a table row, and the metrics this runner could not measure grouped by reason (a CPU
+    runner has a dozen null gpu.* metrics: one line says so instead of a dozen rows)."""
+    shown, missing = [], {}
+    for c in checks:
+        if c.status == "not_measured":
+            reason = c.message.removeprefix("not measured here: ")
+            missing.setdefault(reason, []).append(c.metric)
+        else:
+            shown.append(c)
+    return shown, list(missing.items())
+
+
 def _value(value, metric: str, signed: bool = False) -> str:
+    if value is None:
+        return "–"
     unit = METRICS[metric].unit if metric in METRICS else ""
     return units.format_value(value, unit, signed)
 
@@ -70,7 +85,7 @@ def environment(loader_pkg: str = "harness") -> jinja2.Environment:
                              undefined=jinja2.ChainableUndefined)
     env.filters.update(md=md_escape, code=code_span, h=html_text, value=_value, bytes=units.format_bytes,
                        percent=units.format_percent)
-    env.globals.update(ICONS=ICONS, MARKER=MARKER, METRICS=METRICS, MEMORY_VIZ=MEMORY_VIZ)
+    env.globals.update(ICONS=ICONS, MARKER=MARKER, METRICS=METRICS, MEMORY_VIZ=MEMORY_VIZ, split_checks=split_checks)
     return env
 
 

@@ -63,11 +63,16 @@ def panels(items) -> list[Panel]:
                 pts = [(float(p["step"]), float(p[key])) for p in r.measurement.timeline
                        if isinstance(p.get(key), (int, float)) and isinstance(p.get("step"), (int, float))]
                 if pts:
+                    twin = next((o for o in series if o.stack == r.measurement.stack and o.points == pts), None)
+                    if twin:  # drawn exactly under the other line: say so, or it looks missing
+                        label = f"{label} (= {twin.label})"
                     series.append(Series(r.measurement.stack, label, colors[r.measurement.stack], dashed, pts))
         if series:
-            panel = Panel(title, series)
-            panel.svg = svg(panel)
-            out.append(panel)
+            out.append(Panel(title, series))
+    # One x axis for every panel of the workload, so steps line up side by side.
+    steps = [x for panel in out for s in panel.series for x, _ in s.points]
+    for panel in out:
+        panel.svg = svg(panel, (min(steps), max(steps)))
     return out
 
 
@@ -96,12 +101,12 @@ def _byte_unit(hi: float) -> tuple[str, float]:
     return "B", 1
 
 
-def svg(panel: Panel) -> str:
+def svg(panel: Panel, xrange: tuple[float, float] | None = None) -> str:
     xs = [x for s in panel.series for x, _ in s.points]
     ys = [y for s in panel.series for _, y in s.points]
     unit, scale = _byte_unit(max(ys))
     yticks = nice_ticks(min(ys) / scale, max(ys) / scale)
-    x0, x1 = min(xs), max(xs)
+    x0, x1 = xrange or (min(xs), max(xs))
     xticks = [t for t in nice_ticks(x0, x1, 6) if float(t).is_integer() and x0 <= t <= x1] or [x0, x1]
     y0, y1 = yticks[0], yticks[-1]
     pw, ph = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM

@@ -80,3 +80,12 @@ def test_body_far_over_limit_is_cut_but_keeps_marker():
     assert len(body) <= 3000
     assert body.startswith(markdown.MARKER)
     assert "The full report is in the job's artifacts" in body
+
+
+def test_metrics_a_runner_cannot_measure_are_one_line_per_reason():
+    body = markdown.render(f.cpu_report())
+    assert "| `gpu.heap_alloc.peak` |" not in body
+    assert ("- not measured here (no CUDA device on this runner): `gpu.alloc_retries`, `gpu.device_used.peak`, "
+            "`gpu.fragmentation.peak`, `gpu.heap_alloc.end`, `gpu.heap_alloc.peak`, `gpu.ooms`, "
+            "`gpu.reserved.peak`\n") in body
+    assert "| `host.rss.peak` | 430.00 MiB | 430.00 MiB | 0 B (0.00%) |" in body
