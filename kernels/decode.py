@@ -18,6 +18,9 @@ from .work_split import combine_cut_units, locate, program_range, tile_line
 fix_triton_interpreter()
 
 LOG2E = 1.4426950408889634
+# Grid size the occupancy probe compiles with: Triton folds an int argument equal to 1 into the
+# kernel (a different, smaller kernel), and one divisible by 16 gets other alignment hints.
+PROBE_PROGRAMS = 1001
 # Tuned on the H200 (benchmarks/results/): tokens per loop step, warps, pipeline depth.
 DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3}
 
@@ -139,7 +142,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
         scratch = torch.empty(16, device=q.device)
         num_programs = resident_programs(_decode, (tuple(consts.items()), q.dtype, k_cache.dtype), q.device,
                                          cfg["num_warps"],
-                                         lambda: _decode.warmup(*args(1, scratch, scratch), grid=(1,), **consts))
+                                         lambda: _decode.warmup(*args(PROBE_PROGRAMS, scratch, scratch), grid=(1,), **consts))
     num_programs = num_kv_heads * max(1, num_programs // num_kv_heads)  # whole ranges for every KV head
     part_out = torch.empty(num_programs * 2 * group * head_dim, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * group, device=q.device, dtype=torch.float32)

@@ -18,6 +18,9 @@ from .work_split import combine_cut_units, locate, program_range, tile_line
 fix_triton_interpreter()
 
 LOG2E = 1.4426950408889634
+# Grid size the occupancy probe compiles with: Triton folds an int argument equal to 1 into the
+# kernel (a different, smaller kernel), and one divisible by 16 gets other alignment hints.
+PROBE_PROGRAMS = 1001
 # Tuned on the H200 (benchmarks/results/); maxnreg 168 fits 3 programs per multiprocessor, not 2.
 DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168}
 
@@ -142,7 +145,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
         scratch = torch.empty(16, device=q_latent.device)
         num_programs = resident_programs(_mla_decode, (tuple(consts.items()), q_latent.dtype, latent_cache.dtype),
                                          q_latent.device, cfg["num_warps"],
-                                         lambda: _mla_decode.warmup(*args(1, scratch, scratch), grid=(1,), **consts))
+                                         lambda: _mla_decode.warmup(*args(PROBE_PROGRAMS, scratch, scratch), grid=(1,), **consts))
     num_programs = num_head_blocks * max(1, num_programs // num_head_blocks)  # whole ranges per head block
     part_out = torch.empty(num_programs * 2 * head_block * rank, device=q_latent.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * head_block, device=q_latent.device, dtype=torch.float32)
