@@ -18,5 +18,5 @@ def kv_floor(workload, dtype_bytes: int) -> int:
     """KV bytes if every request were resident at once with only its own tokens (static-batch peak).
     The last generated token is never fed back, so its KV is never stored."""
     per_token = kv_bytes_per_token(workload.preset.text_config(workload.model_config()), dtype_bytes)
-    image = workload.preset.image_tokens
+    image = workload.image_tokens
     return per_token * sum(r.prompt_tokens + r.images * image + r.max_new_tokens - 1 for r in workload.request_list())

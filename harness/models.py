@@ -43,11 +43,47 @@ def build_hf_model(workload, device, attn_implementation: str = "sdpa"):
 
 
 def prompt_ids(workload, vocab_size: int) -> list[list[int]]:
-    """Seeded random prompt token ids, one list per request (workload request order).
+    """Seeded random prompt token ids, one list per request (workload request order): text only,
+    the image placeholders are added by `sequence_ids`.
 
-    Ids avoid the low range, where presets keep their special tokens (bos/eos/pad)."""
+    Ids avoid the low range, where presets keep their special tokens (bos/eos/pad), and the image
+    placeholder id, which would be read as an image."""
     import torch
 
     gen = torch.Generator().manual_seed(workload.seed + 1)
     low = min(16, vocab_size // 2)
-    return [torch.randint(low, vocab_size, (r.prompt_tokens,), generator=gen).tolist() for r in workload.request_list()]
+    image_id = image_token_id(workload)
+    prompts = []
+    for r in workload.request_list():
+        ids = torch.randint(low, vocab_size, (r.prompt_tokens,), generator=gen)
+        if r.tokens == "repeated":
+            ids[:] = ids[0].item()
+        if image_id is not None:
+            ids[ids == image_id] = low
+        prompts.append(ids.tolist())
+    return prompts
+
+
+def image_token_id(workload) -> int | None:
+    return workload.model_config().get("image_token_id") if workload.image_tokens else None
+
+
+def sequence_ids(workload, vocab_size: int) -> list[list[int]]:
+    """Each request's full input: its images' placeholder tokens first (as in a chat turn that
+    shows the images, then asks), then its text prompt."""
+    image_id, per_image = image_token_id(workload), workload.image_tokens
+    return [[image_id] * (r.images * per_image) + p if r.images else p
+            for r, p in zip(workload.request_list(), prompt_ids(workload, vocab_size))]
+
+
+def image_pixels(workload, images: int, device, dtype) -> dict:
+    """Seeded random pixels for `images` images at both towers' resolutions (DeepSeek-VL hybrid)."""
+    import torch
+
+    config = workload.model_config()
+    low, high = config["vision_config"]["image_size"], config["high_res_vision_config"]["image_size"]
+    gen = torch.Generator().manual_seed(workload.seed + 2)
+    return {
+        "pixel_values": torch.randn(images, 3, low, low, generator=gen).to(device, dtype),
+        "high_res_pixel_values": torch.randn(images, 3, high, high, generator=gen).to(device, dtype),
+    }

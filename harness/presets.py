@@ -31,7 +31,7 @@ class Preset:
     # Vision-language presets: the language model's fields live in config["text_config"], and
     # top-level overrides apply there; the towers are overridden through `vision` / `high_res_vision`.
     text_key: str | None = None
-    image_tokens: int = 0
+    image_tokens: int = 0  # per image at the published resolution (576 for DeepSeek-VL)
 
     def text_config(self, config: dict) -> dict:
         return config[self.text_key] if self.text_key else config
@@ -59,7 +59,16 @@ class Preset:
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             if isinstance(text.get(key), int) and text[key] >= text.get("vocab_size", 0):
                 text[key] = None
+        if config.get("image_token_id", 0) >= text.get("vocab_size", 1 << 62):
+            config["image_token_id"] = text["vocab_size"] - 1  # the placeholder must be a real token id
         return config
+
+    def tokens_per_image(self, config: dict) -> int:
+        """Image tokens one image becomes in the sequence: the low-resolution tower's patch grid."""
+        if not self.text_key:
+            return 0
+        vision = config["vision_config"]
+        return (vision["image_size"] // vision["patch_size"]) ** 2
 
 
 PRESETS: dict[str, Preset] = {}
@@ -86,7 +95,7 @@ _add(Preset(
         "model_type": "deepseek_vl_hybrid",
         "text_config": {
             "model_type": "llama", "num_hidden_layers": 30, "hidden_size": 4096, "intermediate_size": 11008,
-            "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "vocab_size": 102400,
+            "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 102400,
             "max_position_embeddings": 16384, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
             "rms_norm_eps": 1e-6,
         },

@@ -17,7 +17,10 @@ from .presets import ALIASES, PRESETS, Preset
 
 TOP_KEYS = {"name", "description", "model", "requests", "stacks", "thresholds", "rounds", "engine", "profiles",
             "tensor_parallel"}
-REQUEST_KEYS = {"count", "prompt_tokens", "max_new_tokens", "images", "arrival_step"}
+REQUEST_KEYS = {"count", "prompt_tokens", "max_new_tokens", "images", "arrival_step", "tokens"}
+# How prompt token ids are drawn: random, or one id repeated (every token routes to the same
+# experts in an MoE model: the skewed-routing case).
+TOKEN_PATTERNS = ("random", "repeated")
 ENGINE_KEYS = {"block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens",
                "gpu_memory_utilization", "enforce_eager", "chunked_prefill", "num_blocks"}
 MODEL_META = {"preset", "dtype", "seed"}
@@ -36,6 +39,7 @@ class RequestGroup:
     max_new_tokens: int
     images: int = 0
     arrival_step: int = 0
+    tokens: str = "random"
 
 
 @dataclass
@@ -60,13 +64,18 @@ class Workload:
     def scaled(self) -> bool:
         return bool(self.overrides)
 
+    @property
+    def image_tokens(self) -> int:
+        """Tokens each image takes in the sequence (0 for text-only presets)."""
+        return self.preset.tokens_per_image(self.model_config())
+
     def model_config(self) -> dict:
         """The transformers config dict of this workload's model (preset + overrides)."""
         return self.preset.resolve(self.overrides)
 
     def request_list(self) -> list[RequestGroup]:
         """One entry per request (groups expanded), in arrival order."""
-        out = [RequestGroup(1, g.prompt_tokens, g.max_new_tokens, g.images, g.arrival_step)
+        out = [RequestGroup(1, g.prompt_tokens, g.max_new_tokens, g.images, g.arrival_step, g.tokens)
                for g in self.requests for _ in range(g.count)]
         return sorted(out, key=lambda r: r.arrival_step)
 
@@ -215,7 +224,9 @@ def _parse_requests(raw, preset, overrides, err) -> list[RequestGroup]:
     items = _require(raw, "requests", list, err)
     if not items:
         raise err("requests", "must list at least one request group")
-    max_len = preset.text_config(preset.resolve(overrides)).get("max_position_embeddings")
+    resolved = preset.resolve(overrides)
+    max_len = preset.text_config(resolved).get("max_position_embeddings")
+    per_image = preset.tokens_per_image(resolved)
     groups = []
     for i, item in enumerate(items):
         where = f"requests[{i}]"
@@ -229,10 +240,13 @@ def _parse_requests(raw, preset, overrides, err) -> list[RequestGroup]:
             max_new_tokens=_int(item, "max_new_tokens", sub, minimum=1),
             images=_int(item, "images", sub, default=0, minimum=0),
             arrival_step=_int(item, "arrival_step", sub, default=0, minimum=0),
+            tokens=item.get("tokens", "random"),
         )
-        if group.images and not preset.image_tokens:
+        if group.tokens not in TOKEN_PATTERNS:
+            raise err(f"{where}.tokens", f"must be one of {', '.join(TOKEN_PATTERNS)}, got {group.tokens!r}")
+        if group.images and not per_image:
             raise err(f"{where}.images", f"preset {preset.name!r} takes no images")
-        total = group.prompt_tokens + group.images * preset.image_tokens + group.max_new_tokens
+        total = group.prompt_tokens + group.images * per_image + group.max_new_tokens
         if max_len and total > max_len:
             raise err(where, f"prompt + image + new tokens = {total} exceeds the model's "
                              f"max_position_embeddings ({max_len})")

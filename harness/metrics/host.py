@@ -59,7 +59,7 @@ class HostCollector:
         out = {
             "host.rss.peak": rss,
             "host.page_faults": MetricValue(usage.ru_minflt + usage.ru_majflt - self._faults_at_run,
-                                            detail="getrusage minor+major, during the run"),
+                                            detail="getrusage minor+major, during the run (with the CPU-tensor profiler on, its own buffers fault too)"),
             "host.gc_collections": MetricValue(self.gc_passes),
         }
         if self.python_heap and tracemalloc.is_tracing():

@@ -2,7 +2,8 @@
 
 Stock generate() batches statically: requests that arrive at the same step form one batch,
 left-padded to the longest prompt, and decode until the longest request is done. That padding and
-over-decoding is what the KV metrics show as waste.
+over-decoding is what the KV metrics show as waste. Image requests (DeepSeek-VL) carry their
+images' placeholder tokens before the prompt; the towers run inside generate()'s prefill.
 """
 from __future__ import annotations
 
@@ -26,8 +27,6 @@ class HFStack(Stack):
             import transformers  # noqa: F401
         except ImportError as e:
             raise StackUnavailable(f"transformers is not installed ({e})") from None
-        if any(r.images for r in workload.requests):
-            raise StackUnavailable("image requests through the hf stack are not supported yet")
 
     def prepare(self) -> None:
         from ..models import build_hf_model
@@ -41,10 +40,10 @@ class HFStack(Stack):
     def run(self, probe) -> RunResult:
         import torch
 
-        from ..models import prompt_ids
+        from ..models import sequence_ids
 
         requests = self.workload.request_list()
-        prompts = prompt_ids(self.workload, self.vocab)
+        prompts = sequence_ids(self.workload, self.vocab)
         order = list(range(len(requests)))
         outputs: list[list[int]] = [[] for _ in requests]
         watcher = CacheWatcher(probe)
@@ -55,6 +54,7 @@ class HFStack(Stack):
                 wave = list(wave)
                 new_tokens = [requests[i].max_new_tokens for i in wave]
                 batch = self._batch([prompts[i] for i in wave])
+                batch.update(self._images(sum(requests[i].images for i in wave)))
                 watcher.begin_wave([len(prompts[i]) for i in wave], new_tokens, batch["input_ids"].shape[1])
                 handle = self.model.register_forward_hook(watcher.after_forward, with_kwargs=True)
                 try:
@@ -90,6 +90,13 @@ class HFStack(Stack):
             ids[row, width - len(p):] = torch.tensor(p)
             mask[row, width - len(p):] = 1
         return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+
+    def _images(self, count: int) -> dict:
+        if not count:
+            return {}
+        from ..models import image_pixels
+
+        return image_pixels(self.workload, count, self.device, self.model.dtype)
 
     def close(self) -> None:
         self.model = None
