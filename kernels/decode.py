@@ -140,9 +140,12 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
 
     if num_programs is None:
         scratch = torch.empty(16, device=q.device)
+
+        def probe():
+            return _decode.warmup(*args(PROBE_PROGRAMS, scratch, scratch), grid=(1,), **consts)
+
         num_programs = resident_programs(_decode, (tuple(consts.items()), q.dtype, k_cache.dtype), q.device,
-                                         cfg["num_warps"],
-                                         lambda: _decode.warmup(*args(PROBE_PROGRAMS, scratch, scratch), grid=(1,), **consts))
+                                         cfg["num_warps"], probe)
     num_programs = num_kv_heads * max(1, num_programs // num_kv_heads)  # whole ranges for every KV head
     part_out = torch.empty(num_programs * 2 * group * head_dim, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * group, device=q.device, dtype=torch.float32)

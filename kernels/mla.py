@@ -143,9 +143,12 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
 
     if num_programs is None:
         scratch = torch.empty(16, device=q_latent.device)
-        num_programs = resident_programs(_mla_decode, (tuple(consts.items()), q_latent.dtype, latent_cache.dtype),
-                                         q_latent.device, cfg["num_warps"],
-                                         lambda: _mla_decode.warmup(*args(PROBE_PROGRAMS, scratch, scratch), grid=(1,), **consts))
+
+        def probe():
+            return _mla_decode.warmup(*args(PROBE_PROGRAMS, scratch, scratch), grid=(1,), **consts)
+
+        key = (tuple(consts.items()), q_latent.dtype, latent_cache.dtype)
+        num_programs = resident_programs(_mla_decode, key, q_latent.device, cfg["num_warps"], probe)
     num_programs = num_head_blocks * max(1, num_programs // num_head_blocks)  # whole ranges per head block
     part_out = torch.empty(num_programs * 2 * head_block * rank, device=q_latent.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * head_block, device=q_latent.device, dtype=torch.float32)
