@@ -16,6 +16,7 @@ import time
 import urllib.parse
 
 import requests
+import requests.auth
 
 RETRIED = (429, 500, 502, 503, 504)
 USER_AGENT = "memcheck-publisher"
@@ -31,18 +32,32 @@ class HttpStatusError(PublishError):
         self.status, self.response = status, response
 
 
+class _TokenHeaders(requests.auth.AuthBase):
+    """The token headers, applied as requests' `auth`: so a ~/.netrc entry never replaces them, while the
+    proxy settings of the environment (HTTPS_PROXY, NO_PROXY) still apply."""
+
+    def __init__(self, headers: dict[str, str]):
+        self.headers = headers
+
+    def __call__(self, request):
+        request.headers.update(self.headers)
+        return request
+
+
 class HttpClient:
     def __init__(self, base_url: str, headers: dict[str, str], secrets: tuple[str, ...] = (), *,
                  platform: str = "the API", attempts: int = 5, backoff_s: float = 1.0, max_wait_s: float = 120.0,
                  timeout_s: float = 30.0, sleep=None, session: requests.Session | None = None):
         self.base_url = base_url.rstrip("/")
-        self.headers = {"User-Agent": USER_AGENT, **headers}
         self.secrets = tuple(s for s in secrets if s)
+        # Headers carrying a secret go through `auth`; the rest are plain headers.
+        secret = {k: v for k, v in headers.items() if any(x in v for x in self.secrets)}
+        self.auth = _TokenHeaders(secret)
+        self.headers = {"User-Agent": USER_AGENT, **{k: v for k, v in headers.items() if k not in secret}}
         self.platform, self.attempts, self.backoff_s = platform, attempts, backoff_s
         self.max_wait_s, self.timeout_s = max_wait_s, timeout_s
         self.sleep = sleep or (lambda seconds: time.sleep(seconds))
         self.session = session or requests.Session()
-        self.session.trust_env = False  # no .netrc credentials or proxies picked up behind the user's back
         self.waits: list[float] = []  # what it slept, for the caller's message (and the tests)
 
     def scrub(self, text) -> str:
@@ -65,8 +80,8 @@ class HttpClient:
         what = f"{method} {urllib.parse.urlsplit(url).path}"
         for attempt in range(1, self.attempts + 1):
             try:
-                resp = self.session.request(method, url, headers=self.headers, json=json, params=params,
-                                            timeout=self.timeout_s, allow_redirects=False)
+                resp = self.session.request(method, url, headers=self.headers, auth=self.auth, json=json,
+                                            params=params, timeout=self.timeout_s, allow_redirects=False)
             except requests.RequestException as e:
                 if attempt == self.attempts or not retry_5xx:
                     raise PublishError(self.scrub(f"{self.platform} unreachable ({what}): "

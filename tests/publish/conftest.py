@@ -177,6 +177,13 @@ class FakeGitHub(FakeForge):
         return self.json({"message": "Not Found"}, 404)
 
 
+@pytest.fixture(autouse=True)
+def _loopback_without_proxy(monkeypatch):
+    """The fake servers are on loopback: a proxy configured on the machine must not stand in between."""
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
+
 @pytest.fixture
 def gitlab(httpserver):
     return FakeGitLab(httpserver)

@@ -159,3 +159,12 @@ def test_cli_dry_run_and_errors_never_print_the_token(github, tmp_path, monkeypa
     err = capsys.readouterr()
     for text in (dry.out, dry.err, err.out, err.err):
         assert GITHUB_TOKEN not in text
+
+
+def test_a_netrc_entry_does_not_replace_the_token(github, tmp_path, monkeypatch):
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine localhost login someone password other-secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    _post(github, tmp_path)
+    assert {h.get("Authorization") for h in github.headers_seen} == {f"Bearer {GITHUB_TOKEN}"}
