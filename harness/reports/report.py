@@ -72,8 +72,8 @@ class Report:
             raise UsageError(f"not a memcheck report: schema is {found!r}, expected {SCHEMA!r}", source)
         try:
             items = [_item_from_json(item) for item in data.get("items", [])]
-        except (KeyError, TypeError, ValueError) as e:
-            raise UsageError(f"malformed item in memcheck report: {type(e).__name__}: {e}", source) from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise UsageError(f"malformed item in memcheck report: {e}", source) from None
         return cls(items=items, profile=data.get("profile"), created=data.get("created") or cls().created)
 
     @classmethod
@@ -100,7 +100,37 @@ _MEASUREMENT_FIELDS = ("workload", "stack", "file", "profile", "scaled", "digest
                        "timeline", "artifacts", "notes", "error", "skipped", "rounds")
 
 
+CHECK_STATUSES = ("pass", "regressed", "improved", "new", "not_measured", "not_compared")
+
+
+def _number(value, what: str):
+    """A report may come from untrusted code (a fork's CI run): every number must be a number."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"{what} is {type(value).__name__}, not a number")
+    return value
+
+
+def _validate(data: dict) -> None:
+    if data.get("verdict") not in ORDER:
+        raise ValueError(f"unknown verdict {str(data.get('verdict'))[:40]!r}")
+    for name, metric in (data.get("metrics") or {}).items():
+        _number(metric.get("value") if isinstance(metric, dict) else metric, f"metric {name[:40]!r}")
+        for sample in (metric.get("samples") or []) if isinstance(metric, dict) else ():
+            _number(sample, f"a sample of {name[:40]!r}")
+    for name, value in (data.get("floors") or {}).items():
+        _number(value, f"floor {str(name)[:40]!r}")
+    for c in data.get("checks") or []:
+        if c.get("status") not in CHECK_STATUSES:
+            raise ValueError(f"unknown check status {str(c.get('status'))[:40]!r}")
+        _number(c.get("value"), "a check's value")
+        _number(c.get("baseline"), "a check's baseline")
+    for key in ("environment", "artifacts"):
+        if not isinstance(data.get(key) or {}, dict):
+            raise ValueError(f"{key} is not a mapping")
+
+
 def _item_from_json(data: dict) -> ItemResult:
+    _validate(data)
     m = Measurement.from_json({k: data[k] for k in _MEASUREMENT_FIELDS if k in data})
     checks = [Check(c["metric"], c["status"], c.get("value"), c.get("baseline"), c.get("rule", ""),
                     c.get("message", "")) for c in data.get("checks", [])]

@@ -1,5 +1,6 @@
 """The report JSON (memcheck.report/1): load it back, merge reports from parallel jobs and xdist workers."""
 import json
+import re
 
 import pytest
 import reportfactory as f
@@ -68,3 +69,20 @@ def test_memcheck_merge_skips_nothing_silently(tmp_path, capsys):
     a = f.write(f.cpu_report(), tmp_path / "a.json")
     assert main(["merge", "-o", str(tmp_path / "m.json"), a, str(tmp_path / "missing.json")]) == 4
     assert "missing.json: cannot read the report" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("verdict", "<script>", "unknown verdict '<script>'"),
+    ("floors", {"kv": "<img>"}, "floor 'kv' is str, not a number"),
+    ("metrics", {"gpu.heap_alloc.peak": {"value": "1e9; rm -rf"}}, "metric 'gpu.heap_alloc.peak' is str"),
+    ("checks", [{"metric": "m", "status": "<b>", "value": 1}], "unknown check status '<b>'"),
+    ("environment", ["x"], "environment is not a mapping"),
+])
+def test_a_tampered_report_is_refused_in_one_line(tmp_path, field, value, message):
+    """Reports of pull requests from forks come from untrusted code: anything but the schema is refused."""
+    data = f.cpu_report().to_json()
+    data["items"][0][field] = value
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="malformed item in memcheck report: " + re.escape(message)):
+        Report.load(str(path))
