@@ -25,6 +25,3 @@ def test_hf_and_paged_items_run_and_write_baselines(tmp_path):
     assert m.floors["workspace"] > 0 and m.floors["kv"] > 0
     assert any("declared activation workspace" in n for n in m.notes)
     assert any(p.get("kv.bytes") for p in m.timeline)
-    # the rerun against the fresh baselines passes
-    again = run_item(wl, "paged", Settings(baselines=settings.baselines, device="cpu", rootdir=ROOT))
-    assert again.verdict in ("pass", "improved"), again.reason

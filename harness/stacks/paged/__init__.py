@@ -8,6 +8,7 @@ One concept per file, nano-vllm style:
   mla.py        multi-head latent attention over a latent-only cache (DeepSeek-V2/V3)
   moe.py        Router (greedy / group_limited_greedy / noaux_tc), Experts, MoE with shared experts
   model.py      CausalLM: decoder stack taking over the transformers model's parameters
+  vision.py     VisionEncoder: DeepSeek-VL's towers and aligner (the transformers modules) for image requests
   context.py    StepContext: the batch layout one forward pass reads
   kv_pool.py    KVPool: the cache allocation, per-layer views, page footprint
   sequence.py   Request: a kernels.Sequence plus engine state

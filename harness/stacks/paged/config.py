@@ -105,28 +105,34 @@ class EngineConfig:
 
     @classmethod
     def from_workload(cls, workload, requests) -> "EngineConfig":
+        per_image = getattr(workload, "image_tokens", 0)
         e = workload.engine
         block_size = int(e.get("block_size", DEFAULT_BLOCK_SIZE))
         chunked = bool(e.get("chunked_prefill", True))
         budget = int(e.get("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS))
         if not chunked:  # every prompt must then go through in one forward pass
-            budget = max(budget, max(r.prompt_tokens for r in requests))
+            budget = max(budget, max(input_tokens(r, per_image) for r in requests))
         if "num_blocks" in e:
             num_blocks, source = int(e["num_blocks"]), "engine.num_blocks"
         else:  # room for every request at its longest, all at once: the static-batch floor, in blocks
-            num_blocks = sum(blocks_needed(r, block_size) for r in requests)
+            num_blocks = sum(blocks_needed(r, block_size, per_image) for r in requests)
             source = "the workload's total need"
         max_len = e.get("max_model_len")
         for r in requests:
-            if max_len and r.prompt_tokens + r.max_new_tokens > max_len:
-                raise ValueError(f"a request of {r.prompt_tokens}+{r.max_new_tokens} tokens exceeds "
+            if max_len and input_tokens(r, per_image) + r.max_new_tokens > max_len:
+                raise ValueError(f"a request of {input_tokens(r, per_image)}+{r.max_new_tokens} tokens exceeds "
                                  f"engine.max_model_len ({max_len})")
-            if blocks_needed(r, block_size) > num_blocks:
-                raise ValueError(f"a request of {r.prompt_tokens}+{r.max_new_tokens} tokens needs "
-                                 f"{blocks_needed(r, block_size)} KV blocks; the pool has {num_blocks}")
+            if blocks_needed(r, block_size, per_image) > num_blocks:
+                raise ValueError(f"a request of {input_tokens(r, per_image)}+{r.max_new_tokens} tokens needs "
+                                 f"{blocks_needed(r, block_size, per_image)} KV blocks; the pool has {num_blocks}")
         return cls(block_size, num_blocks, int(e.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)), budget, chunked, source)
 
 
-def blocks_needed(request, block_size: int) -> int:
+def input_tokens(request, image_tokens: int = 0) -> int:
+    """Tokens a request feeds before its first new one: its images' placeholders and its prompt."""
+    return request.prompt_tokens + request.images * image_tokens
+
+
+def blocks_needed(request, block_size: int, image_tokens: int = 0) -> int:
     """Blocks a request holds at its longest: the last new token is never fed back, so never cached."""
-    return -(-(request.prompt_tokens + request.max_new_tokens - 1) // block_size)
+    return -(-(input_tokens(request, image_tokens) + request.max_new_tokens - 1) // block_size)

@@ -23,6 +23,8 @@ class StepContext:
     max_q_len: int = 0
     prefill_q_lens_host: tuple[int, ...] = ()  # host copies, for per-sequence loops (MLA prefill)
     prefill_seq_lens_host: tuple[int, ...] = ()
+    image_rows: torch.Tensor | None = None  # rows whose embedding is an image feature row
+    image_feats: torch.Tensor | None = None  # [len(image_rows), hidden]
     cos: torch.Tensor | None = None  # rotary tables for `positions`, set by the model
     sin: torch.Tensor | None = None
 

@@ -19,19 +19,22 @@ from .sequence import Request
 
 
 class Engine:
-    def __init__(self, model, spec: ModelSpec, cfg: EngineConfig, dtype, device):
+    def __init__(self, model, spec: ModelSpec, cfg: EngineConfig, dtype, device, vision=None):
         self.cfg, self.device = cfg, device
         # No prefix caching: the block manager seals a prompt's full blocks at allocation, before their
         # K/V exists, so a hit on a block still being prefilled (or preempted) would read garbage.
         self.blocks = BlockManager(cfg.num_blocks, cfg.block_size, prefix_caching=False)
         self.pool = KVPool(model, spec, cfg, dtype, device)
-        self.runner = ModelRunner(model, device)
+        self.runner = ModelRunner(model, device, vision)
         self.scheduler = Scheduler(cfg, self.blocks)
         self.steps = 0
 
-    def generate(self, requests, prompts, probe) -> tuple[list[Request], KVMeter, float]:
-        """Serve every request; returns them (in workload order), the KV meter and the wall time."""
-        seqs = [Request(i, p, r.max_new_tokens, r.arrival_step, self.cfg.block_size)
+    def generate(self, requests, prompts, probe, image_tokens=None, image_sources=None):
+        """Serve every request (prompts: full token ids, image placeholders first); returns them (in
+        workload order), the KV meter and the wall time."""
+        image_tokens = image_tokens or [0] * len(requests)
+        image_sources = image_sources or [None] * len(requests)
+        seqs = [Request(i, p, r.max_new_tokens, r.arrival_step, self.cfg.block_size, image_tokens[i], image_sources[i])
                 for i, (r, p) in enumerate(zip(requests, prompts))]
         pending = deque(sorted(seqs, key=lambda s: s.arrival_step))
         meter = KVMeter(self.pool, self.blocks, probe)

@@ -47,6 +47,8 @@ class Decoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
+        if ctx.image_rows is not None:  # image placeholders take their image's features (DeepSeek-VL)
+            h[ctx.image_rows] = ctx.image_feats.to(h.dtype)
         ctx.cos, ctx.sin = self.rotary.cos_sin(ctx.positions, h.dtype)
         for layer in self.layers:
             h = layer(h, ctx)

@@ -13,8 +13,8 @@ from .sequence import Request
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, device):
-        self.model, self.device = model, device
+    def __init__(self, model: CausalLM, device, vision=None):
+        self.model, self.device, self.vision = model, device, vision
 
     @torch.inference_mode()
     def step(self, batch: list[tuple[Request, int]], return_logits: bool = False):
@@ -23,8 +23,17 @@ class ModelRunner:
         decode = [(s, n) for s, n in batch if n == 1]
         prefill = [(s, n) for s, n in batch if n > 1]
         ids, positions, slots, sample_rows, samplers = [], [], [], [], []
+        image_rows, image_feats = [], []
         for s, n in decode + prefill:
             start, end = s.num_computed, s.num_computed + n
+            if start < s.image_tokens:  # this chunk reaches image placeholders
+                if s.image_embeds is None:
+                    s.image_embeds = self.vision.encode(s.image_source)
+                stop = min(end, s.image_tokens)
+                image_rows += range(len(ids), len(ids) + stop - start)
+                image_feats.append(s.image_embeds[start:stop])
+                if end >= s.image_tokens:
+                    s.image_embeds = None  # the last placeholders are in this pass
             ids += s.token_ids[start:end]
             positions += range(start, end)
             slots += s.slot_mapping(start, end)
@@ -32,6 +41,8 @@ class ModelRunner:
                 sample_rows.append(len(ids) - 1)
                 samplers.append(s)
         ctx = self._context(decode, prefill, positions, slots)
+        if image_rows:
+            ctx.image_rows, ctx.image_feats = self._tensor(image_rows, torch.int64), torch.cat(image_feats)
         hidden = self.model(self._tensor(ids, torch.int64), ctx)
         logits = self.model.logits(hidden[self._tensor(sample_rows, torch.int64)])
         del hidden

@@ -6,7 +6,8 @@ from kernels import Sequence
 
 
 class Request(Sequence):
-    def __init__(self, index: int, prompt: list[int], max_new_tokens: int, arrival_step: int, block_size: int):
+    def __init__(self, index: int, prompt: list[int], max_new_tokens: int, arrival_step: int, block_size: int,
+                 image_tokens: int = 0, image_source=None):
         super().__init__(prompt, block_size)
         self.index = index  # position in the workload's request list
         self.num_prompt_tokens = len(prompt)
@@ -16,6 +17,9 @@ class Request(Sequence):
         self.needs_slot = False  # a sampled token was appended and has no cache slot yet
         self.preemptions = 0
         self.t_arrived = self.t_first = self.t_last = 0.0
+        self.image_tokens = image_tokens  # leading placeholder tokens whose embeddings come from images
+        self.image_source = image_source  # which seeded images (vision.image_sources)
+        self.image_embeds = None  # [image_tokens, hidden] while the prefill has placeholders left
 
     @property
     def num_pending(self) -> int:

@@ -21,8 +21,11 @@ class PagedStack(Stack):
         except ImportError as e:
             raise StackUnavailable(f"the paged stack needs transformers and kernels/ ({e})") from None
         if any(r.images for r in workload.requests):
-            raise StackUnavailable("image requests through the paged stack are not supported yet "
-                                   "(the DeepSeek-VL vision tower is not wired in; text-only requests run)")
+            from ... import models
+
+            if not all(hasattr(models, f) for f in ("image_pixels", "sequence_ids")):
+                raise StackUnavailable("image requests need the harness's seeded image inputs "
+                                       "(harness.models.image_pixels / sequence_ids), absent from this checkout")
         if workload.tensor_parallel > 1:
             raise StackUnavailable("the paged stack runs on one device (tensor_parallel: 1)")
         if getattr(device, "type", device) == "cuda":
@@ -47,15 +50,29 @@ class PagedStack(Stack):
         self.spec = ModelSpec.from_hf(hf.config)
         self.cfg = EngineConfig.from_workload(self.workload, self.requests)
         self.model = CausalLM.from_hf(hf, self.spec, mla_score_elems(self.spec, self.cfg))
-        del hf  # its parameters live on in self.model; the rest (vision towers, buffers) goes
-        gc.collect()
+        self.vision = None
         dtype_bytes = torch.empty(0, dtype=self.dtype).element_size()
-        self.workspace = declare(self.spec, self.cfg, self.requests, dtype_bytes, self.device.type == "cuda")
-        self.engine = Engine(self.model, self.spec, self.cfg, self.dtype, self.device)
+        self.workspace = declare(self.spec, self.cfg, self.requests, dtype_bytes, self.device.type == "cuda",
+                                 getattr(self.workload, "image_tokens", 0))
+        if any(r.images for r in self.requests):
+            from .vision import VisionEncoder, tower_bytes
+
+            vl = hf.model
+            del vl.language_model  # its tensors live on in self.model
+            self.vision = VisionEncoder(vl, self.workload, self.device, self.dtype)
+            per_image = self.workload.image_tokens * self.spec.hidden * dtype_bytes
+            self.workspace.parts["vision towers (one image at a time)"] = tower_bytes(hf.config, dtype_bytes)
+            self.workspace.parts["image features"] = per_image * max(r.images for r in self.requests) * 2
+        del hf  # its parameters live on in self.model (and the towers in self.vision); the rest goes
+        gc.collect()
+        self.engine = Engine(self.model, self.spec, self.cfg, self.dtype, self.device, self.vision)
 
     def weights_bytes(self) -> int:
         seen, total = set(), 0
-        for t in (*self.model.parameters(), *self.model.buffers()):
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        if self.vision is not None:
+            tensors += [*self.vision.model.parameters(), *self.vision.model.buffers()]
+        for t in tensors:
             if t.data_ptr() not in seen:
                 seen.add(t.data_ptr())
                 total += t.numel() * t.element_size()
@@ -66,10 +83,18 @@ class PagedStack(Stack):
         return self.workspace.total
 
     def run(self, probe) -> RunResult:
-        from ...models import prompt_ids
+        if self.vision is None:
+            from ...models import prompt_ids
 
-        prompts = prompt_ids(self.workload, self.spec.vocab)
-        seqs, meter, wall = self.engine.generate(self.requests, prompts, probe)
+            seqs, meter, wall = self.engine.generate(self.requests, prompt_ids(self.workload, self.spec.vocab), probe)
+        else:  # image placeholders first, then the text (as the hf stack lays them out)
+            from ...models import sequence_ids
+            from .vision import image_sources
+
+            per_image = self.workload.image_tokens
+            seqs, meter, wall = self.engine.generate(
+                self.requests, sequence_ids(self.workload, self.spec.vocab), probe,
+                [r.images * per_image for r in self.requests], image_sources(self.requests))
         outputs = [s.output for s in seqs]
         metrics = meter.metrics()
         tokens = sum(len(o) for o in outputs)
@@ -87,7 +112,10 @@ class PagedStack(Stack):
             f"chunked prefill {'on' if cfg.chunked_prefill else 'off'}",
             f"{self.engine.steps} engine steps, {self.engine.scheduler.preemptions} preemptions (recompute)",
         ]
+        if self.vision is not None:
+            notes.append(f"{self.vision.images_encoded} images through the DeepSeek-VL towers (transformers modules), "
+                         f"{self.workload.image_tokens} tokens each")
         return RunResult(outputs, metrics, notes)
 
     def close(self) -> None:
-        self.engine = self.model = None
+        self.engine = self.model = self.vision = None

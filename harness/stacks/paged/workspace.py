@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import EngineConfig, ModelSpec
+from .config import EngineConfig, ModelSpec, input_tokens
 
 MLA_SCORE_ELEMS_PER_TOKEN_HEAD = 256  # one MLA prefill score tile: budget x heads x this many (row, key) pairs
 DECODE_SPLITS_BOUND = 16  # partitions per (sequence, head) the decode kernels write partials for
@@ -61,8 +61,11 @@ def per_token_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
     return residual + max(norm, attn, mlp)
 
 
-def declare(spec: ModelSpec, cfg: EngineConfig, requests, dtype_bytes: int, on_cuda: bool) -> Workspace:
+def declare(spec: ModelSpec, cfg: EngineConfig, requests, dtype_bytes: int, on_cuda: bool,
+            image_tokens: int = 0) -> Workspace:
     budget = cfg.max_num_batched_tokens
+    inputs = [input_tokens(r, image_tokens) for r in requests]
+    longest = max(n + r.max_new_tokens for n, r in zip(inputs, requests))
     seqs = min(cfg.max_num_seqs, len(requests), budget)
     ws = Workspace(budget)
     ws.parts["layer activations"] = budget * per_token_bytes(spec, dtype_bytes)
@@ -70,14 +73,12 @@ def declare(spec: ModelSpec, cfg: EngineConfig, requests, dtype_bytes: int, on_c
     width = spec.kv_lora_rank if spec.mla else spec.head_dim
     ws.parts["decode partials"] = seqs * spec.heads * DECODE_SPLITS_BOUND * (width + 1) * 4
     if spec.mla:
-        longest = max(r.prompt_tokens + r.max_new_tokens for r in requests)
         ws.parts["MLA prefill scores"] = mla_score_elems(spec, cfg) * 16
         ws.parts["MLA prefill prefix"] = longest * spec.latent_width * dtype_bytes
     if on_cuda:
         ws.parts["cuBLAS workspace"] = CUBLAS_WORKSPACE
     else:  # the torch reference kernels materialise one sequence's scores and its gathered K/V (or latent)
-        longest = max(r.prompt_tokens + r.max_new_tokens for r in requests)
-        chunk = min(budget, max(r.prompt_tokens for r in requests))
+        chunk = min(budget, max(inputs))
         row = spec.latent_width if spec.mla else 2 * spec.kv_heads * spec.head_dim
         ws.parts["reference attention scratch"] = 3 * 4 * (chunk * spec.heads * longest + longest * row)
     return ws

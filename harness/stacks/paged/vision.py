@@ -1,0 +1,69 @@
+"""Image inputs (DeepSeek-VL): the hybrid towers (SigLIP + SAM) and the aligner are the transformers
+modules themselves, taken from the model the `hf` stack builds, not rewritten. Each image becomes
+tokens_per_image rows of language-model embeddings that replace its placeholder tokens.
+
+Images go through the towers one at a time (the SAM tower's global attention over its 64 x 64 patch
+grid is the largest transient of the whole model), when the request's prefill first reaches them;
+the features are dropped once the prefill has passed the placeholders (a preempted request encodes
+them again)."""
+from __future__ import annotations
+
+from itertools import groupby
+
+import torch
+
+
+class VisionEncoder:
+    def __init__(self, vl_model, workload, device, dtype):
+        self.model = vl_model  # DeepseekVLHybridModel without its language model
+        self.workload, self.device, self.dtype = workload, device, dtype
+        self.images_encoded = 0
+
+    @torch.inference_mode()
+    def encode(self, source: tuple[int, int, int]) -> torch.Tensor:
+        """(images in the wave, offset, count) -> [count * tokens_per_image, hidden]."""
+        from ...models import image_pixels
+
+        total, offset, count = source
+        pixels = image_pixels(self.workload, total, self.device, self.dtype)
+        features = []
+        for i in range(offset, offset + count):
+            out = self.model.get_image_features(pixels["pixel_values"][i:i + 1],
+                                                pixels["high_res_pixel_values"][i:i + 1], return_dict=True)
+            features.append(out.pooler_output.flatten(0, 1))
+            self.images_encoded += 1
+        del pixels
+        return torch.cat(features)
+
+    def parameters(self):
+        return self.model.parameters()
+
+
+def image_sources(requests) -> list[tuple[int, int, int] | None]:
+    """Which seeded images each request shows: the `hf` stack draws the images of one arrival wave
+    together (harness.models.image_pixels) and hands them out in request order; so does this."""
+    sources: list = [None] * len(requests)
+    for _, wave in groupby(range(len(requests)), key=lambda i: requests[i].arrival_step):
+        wave = list(wave)
+        total, offset = sum(requests[i].images for i in wave), 0
+        for i in wave:
+            if requests[i].images:
+                sources[i] = (total, offset, requests[i].images)
+            offset += requests[i].images
+    return sources
+
+
+def tower_bytes(config, dtype_bytes: int) -> int:
+    """Peak transient of the towers on one image (config: the transformers DeepseekVLHybridConfig):
+    the largest attention map (scores, their float32 softmax and the cast back, SAM's decomposed
+    relative positions), the hidden states the SAM pass keeps for every layer, and the pixels."""
+    e = dtype_bytes
+    low, high = config.vision_config, config.high_res_vision_config
+    n_low = (low.image_size // low.patch_size) ** 2
+    grid = high.image_size // high.patch_size
+    n_high = grid * grid
+    siglip = low.num_attention_heads * n_low * n_low * (2 * e + 4) + 2 * n_low * low.intermediate_size * e
+    sam_attn = high.num_attention_heads * n_high * (n_high * (3 * e + 4) + 2 * grid * 4)
+    sam_states = (high.num_hidden_layers + 2) * n_high * high.hidden_size * e
+    pixels = 3 * (low.image_size ** 2 + high.image_size ** 2) * e
+    return max(siglip, sam_attn + sam_states) + pixels
