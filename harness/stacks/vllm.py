@@ -129,6 +129,9 @@ class VLLMStack(Stack):
                        **self.args)
         self.engine = self.llm.llm_engine
         self.core = self.engine.engine_core.engine_core  # InprocClient -> EngineCore
+        import psutil
+
+        self.children = len(psutil.Process().children(recursive=True))  # 0 unless vLLM spawned workers (TP)
 
     def engine_args(self, config: dict) -> dict:
         from ..floors import kv_bytes_per_token
@@ -201,7 +204,8 @@ class VLLMStack(Stack):
         metrics["tpot"] = MetricValue(sum(tpot) / len(tpot)) if tpot else MetricValue.null("one new token only")
         settings = ", ".join(f"{k}={v}" for k, v in sorted(self.args.items()))
         notes = [f"vLLM engine: {settings}; {step} engine steps, {kv.steps} with work; KV pool {kv.num_blocks} "
-                 f"blocks ({kv.reserved} bytes), peak {kv.blocks_peak} in use"]
+                 f"blocks ({kv.reserved} bytes), peak {kv.blocks_peak} in use; engine core in this process, "
+                 f"{self.children} child processes"]
         return RunResult(outputs, metrics, notes)
 
     def close(self) -> None:
