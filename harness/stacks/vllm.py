@@ -200,7 +200,8 @@ class VLLMStack(Stack):
         ttft = [first[i] - added[i] for i in first]
         tpot = [(done[i] - first[i]) / (len(outputs[i]) - 1) for i in done if len(outputs[i]) > 1]
         metrics["tokens_per_s"] = MetricValue(tokens / wall if wall else None)
-        metrics["ttft"] = MetricValue(sum(ttft) / len(ttft)) if ttft else MetricValue.null("no request produced a token")
+        metrics["ttft"] = (MetricValue(sum(ttft) / len(ttft)) if ttft
+                           else MetricValue.null("no request produced a token"))
         metrics["tpot"] = MetricValue(sum(tpot) / len(tpot)) if tpot else MetricValue.null("one new token only")
         settings = ", ".join(f"{k}={v}" for k, v in sorted(self.args.items()))
         notes = [f"vLLM engine: {settings}; {step} engine steps, {kv.steps} with work; KV pool {kv.num_blocks} "

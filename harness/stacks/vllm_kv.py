@@ -141,7 +141,8 @@ class EngineKV:
             out = {
                 "kv.bytes.peak": MetricValue(self.reserved, detail=f"vLLM's KV tensors: {self.num_blocks} blocks "
                                                                    "reserved when the engine started"),
-                "kv.live_bytes.peak": MetricValue(self.live_peak, detail="scheduler's computed tokens x bytes per token"),
+                "kv.live_bytes.peak": MetricValue(self.live_peak,
+                                                  detail="scheduler's computed tokens x bytes per token"),
                 "kv.waste.peak": MetricValue(1 - self.live_peak / self.reserved,
                                              detail="1 - live/reserved at the live peak (the pool is reserved whole)"),
                 "kv.page_footprint": MetricValue(self.footprint, detail="2 MiB pages spanned by the scheduled "
