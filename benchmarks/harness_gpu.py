@@ -23,16 +23,24 @@ SHOWN = ("gpu.heap_alloc.peak", "gpu.reserved.peak", "gpu.device_used.peak", "gp
          "gpu.heap_alloc.end", "kv.bytes.peak", "kv.waste.peak", "kv.page_footprint", "host.rss.peak")
 
 
-def session(out: str, tag: str, paths: list[str], *extra: str) -> dict:
+def start(out: str, tag: str, paths: list[str], *extra: str) -> subprocess.Popen:
     report = os.path.join(out, f"report-{tag}.json")
     cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider", "--memcheck", *paths,
-           "--memcheck-baselines", os.path.join(out, "baselines"), "--memcheck-report", report, *extra]
+           "--memcheck-baselines", os.path.join(out, f"baselines-{tag}"), "--memcheck-report", report, *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-    t = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    print(proc.stdout[-4000:], proc.stderr[-2000:], sep="\n", flush=True)
-    print(f"[{tag}] exit {proc.returncode} in {time.time() - t:.1f} s", flush=True)
-    with open(report) as f:
+    log = open(os.path.join(out, f"pytest-{tag}.log"), "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    proc.tag, proc.report, proc.t0, proc.log = tag, report, time.time(), log
+    return proc
+
+
+def finish(proc: subprocess.Popen) -> dict:
+    proc.wait()
+    proc.log.close()
+    with open(proc.log.name) as f:
+        print(f.read()[-3000:], flush=True)
+    print(f"[{proc.tag}] exit {proc.returncode} in {time.time() - proc.t0:.1f} s", flush=True)
+    with open(proc.report) as f:
         return json.load(f)
 
 
@@ -43,8 +51,14 @@ def main() -> int:
     out = args[0] if args else "harness-gpu-out"
     paths = args[1:] or [WORKLOADS]
     os.makedirs(out, exist_ok=True)
-    first = session(out, "record", paths, "--memcheck-update-baselines", *extra)
-    second = session(out, "compare", paths, *extra)
+    if os.environ.get("CONCURRENT") == "1":
+        # Both runs at once on the one GPU: memory metrics are per process (allocator stats, NVML per
+        # pid), so they do not see each other; only the time metrics would, and they are not compared.
+        a, b = (start(out, tag, paths, "--memcheck-update-baselines", *extra) for tag in ("run1", "run2"))
+        first, second = finish(a), finish(b)
+    else:
+        first = finish(start(out, "run1", paths, "--memcheck-update-baselines", *extra))
+        second = finish(start(out, "run2", paths, "--memcheck-update-baselines", *extra))
     rows = [("item", "verdict", "metric", "run 1", "run 2", "diff")]
     worst = 0.0
     for a, b in zip(first["items"], second["items"]):

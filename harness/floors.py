@@ -20,3 +20,15 @@ def kv_floor(workload, dtype_bytes: int) -> int:
     per_token = kv_bytes_per_token(workload.preset.text_config(workload.model_config()), dtype_bytes)
     image = workload.image_tokens
     return per_token * sum(r.prompt_tokens + r.images * image + r.max_new_tokens - 1 for r in workload.request_list())
+
+
+# How each floor is named in reports, in the order shown.
+LABELS = (("kv", "KV"), ("weights", "weights"), ("weights+kv", "weights + KV"),
+          ("workspace", "declared activation workspace"))
+
+
+def describe(floors: dict) -> str:
+    """One line for reports: 'KV 1.00 GiB · weights 14.2 GiB · ...' (labelled as floors by the caller)."""
+    from .units import format_bytes
+
+    return " · ".join(f"{label} {format_bytes(floors[key])}" for key, label in LABELS if floors.get(key) is not None)

@@ -177,8 +177,11 @@ class WorkloadItem(pytest.Item):
         if snapshot.wanted(self.result):
             mc.save_snapshot(self, self.result)
         mc.report.items.append(self.result)
-        for check in self.result.checks:
-            self.user_properties.append((f"memcheck.{check.metric}", check.value))
+        # JUnit properties: every measured metric (a null one has no number to chart; its reason is
+        # in the JSON and Markdown reports).
+        for name, metric in sorted(self.result.measurement.metrics.items()):
+            if metric.value is not None:
+                self.user_properties.append((f"memcheck.{name}", metric.value))
         self.user_properties.append(("memcheck.verdict", self.result.verdict))
         if self.result.verdict == "skipped":
             pytest.skip(self.result.reason)

@@ -1,8 +1,8 @@
 """Workload files: parse, validate, resolve a profile. Every user mistake is a one-line UsageError.
 
 A file holds one workload (a mapping with `name`) or several (`workloads:` list, with optional
-`defaults:` merged into each). `profiles:` (e.g. ci, full) override parts of a workload; the
-selected profile is merged over the base before validation.
+`defaults:` merged into each). `profiles:` (e.g. ci) override parts of a workload; the selected
+profile is merged over the base before validation. `full` is the base itself unless defined.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ TOKEN_PATTERNS = ("random", "repeated")
 ENGINE_KEYS = {"block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens",
                "gpu_memory_utilization", "enforce_eager", "chunked_prefill", "num_blocks"}
 MODEL_META = {"preset", "dtype", "seed"}
+FULL = "full"  # the profile name of the workload as written (the published architecture)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Above these a value is a typo, not a workload (128K context, 100K requests, 1K layers).
@@ -142,7 +143,9 @@ def _parse(doc, at: str, raw, profile, known_stacks, default_rules) -> Workload:
             raise err(f"profiles.{pname}", "a profile is a mapping of the fields it overrides")
         _unknown(pbody, TOP_KEYS - {"name", "profiles"}, f"profiles.{pname}", err)
     chosen = None
-    if profiles and profile is not None:
+    if profiles and profile == FULL and FULL not in profiles:
+        chosen = FULL  # the base workload is the full profile unless the file says otherwise
+    elif profiles and profile is not None:
         if profile not in profiles:
             raise err("profiles", f"profile {profile!r} is not defined here (defined: {', '.join(profiles)})")
         raw = _merge(raw, profiles[profile])

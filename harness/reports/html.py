@@ -10,6 +10,7 @@ import jinja2
 import markupsafe
 
 from .. import units
+from ..floors import describe as describe_floors
 from ..metrics.catalog import METRICS
 from . import plot
 from .report import ORDER
@@ -22,7 +23,7 @@ def environment() -> jinja2.Environment:
                              autoescape=jinja2.select_autoescape(["html", "html.j2"], default=True),
                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)
     env.filters.update(wbr=_wbr, value=_value, bytes=units.format_bytes, percent=units.format_percent)
-    env.globals.update(ICONS=ICONS, COLUMNS=COLUMNS, MEMORY_VIZ=MEMORY_VIZ, METRICS=METRICS)
+    env.globals.update(describe_floors=describe_floors, ICONS=ICONS, COLUMNS=COLUMNS, MEMORY_VIZ=MEMORY_VIZ, METRICS=METRICS)
     return env
 
 
