@@ -23,6 +23,7 @@ class Measurement:
     error: dict | None = None  # {"kind": "oom" | "crash" | "timeout", "message": ...}
     skipped: str | None = None  # the stack cannot run on this runner: why
     rounds: int = 1
+    ranks: list[dict] = field(default_factory=list)  # tensor parallel: [{rank, metrics: {name: value}}]
 
     @property
     def id(self) -> str:
@@ -36,6 +37,7 @@ class Measurement:
             "floors": self.floors, "environment": self.environment, "timeline": self.timeline,
             "artifacts": self.artifacts, "notes": self.notes, "error": self.error, "skipped": self.skipped,
             "rounds": self.rounds,
+            **({"ranks": self.ranks} if self.ranks else {}),  # absent at tensor_parallel 1
         }
 
     @classmethod

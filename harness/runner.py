@@ -13,6 +13,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from . import tensor_parallel
 from .baselines import BaselineStore
 from .errors import UsageError
 from .measurement import Measurement
@@ -46,9 +47,7 @@ def measure_rounds(workload, stack: str, settings: Settings) -> Measurement:
     return first
 
 
-def _measure_in_worker(workload, stack: str, s: Settings) -> Measurement:
-    fd, out = tempfile.mkstemp(prefix="memcheck-", suffix=".json")
-    os.close(fd)
+def _worker_command(workload, stack: str, s: Settings, out: str) -> list[str]:
     cmd = [_python(stack, s.rootdir), "-m", "harness.worker", "--file", workload.path, "--workload", workload.name,
            "--stack", stack, "--device", s.device, "--out", out, "--rootdir", s.rootdir,
            "--sample-period-ms", str(s.sample_period_ms)]
@@ -58,7 +57,17 @@ def _measure_in_worker(workload, stack: str, s: Settings) -> Measurement:
         cmd.append("--no-python-heap")
     if not s.cpu_tensors:
         cmd.append("--no-cpu-tensors")
+    return cmd
+
+
+def _measure_in_worker(workload, stack: str, s: Settings) -> Measurement:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_source_root(), os.environ.get("PYTHONPATH")]))}
+    if workload.tensor_parallel > 1 and tensor_parallel.runs_ranks(stack):  # one worker per rank
+        return tensor_parallel.measure_ranks(workload, stack, lambda out: _worker_command(workload, stack, s, out),
+                                             env, s.timeout_s, lambda rc, err: _death(rc) + _tail(err))
+    fd, out = tempfile.mkstemp(prefix="memcheck-", suffix=".json")
+    os.close(fd)
+    cmd = _worker_command(workload, stack, s, out)
     m = Measurement(workload.name, stack, workload.path, workload.profile, workload.scaled, workload.digest())
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.timeout_s, env=env)

@@ -23,6 +23,10 @@ def main(argv=None) -> int:
     p.add_argument("--no-python-heap", action="store_true")
     p.add_argument("--no-cpu-tensors", action="store_true")
     p.add_argument("--sample-period-ms", type=float, default=10.0)
+    # tensor-parallel ranks (harness.tensor_parallel starts one worker per rank)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--master-port", type=int, default=0)
     args = p.parse_args(argv)
 
     from . import config, stacks, workload
@@ -46,6 +50,12 @@ def main(argv=None) -> int:
         return 0
     options = CollectorOptions(python_heap=not args.no_python_heap, cpu_tensors=not args.no_cpu_tensors,
                                sample_period_s=args.sample_period_ms / 1000)
+    if args.world_size > 1:  # one rank of a tensor-parallel item
+        from . import tensor_parallel
+
+        device = tensor_parallel.init_rank(args.rank, args.world_size, args.master_port, device)
+        _write(args.out, tensor_parallel.finish_rank(measure(wl, args.stack, device, options), args.world_size))
+        return 0
     _write(args.out, measure(wl, args.stack, device, options))
     return 0
 

@@ -97,7 +97,7 @@ class Report:
 
 
 _MEASUREMENT_FIELDS = ("workload", "stack", "file", "profile", "scaled", "digest", "metrics", "floors", "environment",
-                       "timeline", "artifacts", "notes", "error", "skipped", "rounds")
+                       "timeline", "artifacts", "notes", "error", "skipped", "rounds", "ranks")
 
 
 CHECK_STATUSES = ("pass", "regressed", "improved", "new", "not_measured", "not_compared")
@@ -124,6 +124,9 @@ def _validate(data: dict) -> None:
             raise ValueError(f"unknown check status {str(c.get('status'))[:40]!r}")
         _number(c.get("value"), "a check's value")
         _number(c.get("baseline"), "a check's baseline")
+    for rank in data.get("ranks") or []:  # tensor parallel: each rank's numbers
+        for name, value in (rank.get("metrics") or {}).items():
+            _number(value, f"rank metric {str(name)[:40]!r}")
     for key in ("environment", "artifacts"):
         if not isinstance(data.get(key) or {}, dict):
             raise ValueError(f"{key} is not a mapping")

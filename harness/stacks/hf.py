@@ -27,6 +27,9 @@ class HFStack(Stack):
             import transformers  # noqa: F401
         except ImportError as e:
             raise StackUnavailable(f"transformers is not installed ({e})") from None
+        if workload.tensor_parallel > 1:
+            raise StackUnavailable(f"the hf stack runs generate() on one device; tensor_parallel "
+                                   f"{workload.tensor_parallel} runs through the paged (or vllm) stack")
 
     def prepare(self) -> None:
         from ..models import build_hf_model

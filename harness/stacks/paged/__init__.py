@@ -17,6 +17,7 @@ One concept per file, nano-vllm style:
   meter.py      KVMeter: kv.* metrics after every step
   workspace.py  the declared activation workspace
   engine.py     Engine: the arrival/schedule/run/finish loop
+  parallel.py   tensor parallelism: Megatron-style shards of the dense decoder, one process per rank
   stack.py      PagedStack: the harness interface
 """
 from .stack import PagedStack

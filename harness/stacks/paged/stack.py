@@ -11,6 +11,7 @@ from ..base import RunResult, Stack
 
 class PagedStack(Stack):
     name = "paged"
+    rank_processes = True  # at tensor_parallel > 1 the harness starts one worker per rank (parallel.py shards)
 
     @classmethod
     def check(cls, workload, device) -> None:
@@ -26,8 +27,12 @@ class PagedStack(Stack):
             if not all(hasattr(models, f) for f in ("image_pixels", "sequence_ids")):
                 raise StackUnavailable("image requests need the harness's seeded image inputs "
                                        "(harness.models.image_pixels / sequence_ids), absent from this checkout")
-        if workload.tensor_parallel > 1:
-            raise StackUnavailable("the paged stack runs on one device (tensor_parallel: 1)")
+        if workload.tensor_parallel > 1:  # one process per rank (harness.tensor_parallel), dense decoders
+            from ...models import hf_config
+            from .config import ModelSpec
+            from .parallel import check
+
+            check(workload, ModelSpec.from_hf(hf_config(workload)))
         if getattr(device, "type", device) == "cuda":
             try:
                 import triton  # noqa: F401
@@ -50,6 +55,10 @@ class PagedStack(Stack):
         self.spec = ModelSpec.from_hf(hf.config)
         self.cfg = EngineConfig.from_workload(self.workload, self.requests)
         self.model = CausalLM.from_hf(hf, self.spec, mla_score_elems(self.spec, self.cfg))
+        if self.workload.tensor_parallel > 1:  # this rank's shard; the spec becomes the rank-local one
+            from .parallel import shard
+
+            self.spec = shard(self.model, self.spec)
         self.vision = None
         dtype_bytes = torch.empty(0, dtype=self.dtype).element_size()
         self.workspace = declare(self.spec, self.cfg, self.requests, dtype_bytes, self.device.type == "cuda",
@@ -112,6 +121,10 @@ class PagedStack(Stack):
             f"chunked prefill {'on' if cfg.chunked_prefill else 'off'}",
             f"{self.engine.steps} engine steps, {self.engine.scheduler.preemptions} preemptions (recompute)",
         ]
+        if self.workload.tensor_parallel > 1:
+            from .parallel import outputs_note
+
+            notes.append(outputs_note(outputs))
         if self.vision is not None:
             notes.append(f"{self.vision.images_encoded} images through the DeepSeek-VL towers (transformers modules), "
                          f"{self.workload.image_tokens} tokens each")

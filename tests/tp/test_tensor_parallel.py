@@ -1,0 +1,135 @@
+"""Tensor parallelism on the CPU: the paged stack over 2 gloo ranks (one worker process per rank) through
+the harness's item runner, against tensor_parallel 1; per-rank numbers in the JSON and Markdown reports;
+a rank that dies gives an `error` verdict and the session goes on."""
+import json
+import os
+
+import pytest
+import torch
+import yaml
+
+from harness import config, stacks, workload
+from harness.errors import StackUnavailable
+from harness.measurement import Measurement
+from harness.metrics.value import MetricValue
+from harness.reports import markdown
+from harness.reports.report import Report
+from harness.runner import Settings, run_item
+from harness.stacks.paged import PagedStack
+from harness.stacks.paged.parallel import outputs_digest
+from harness.tensor_parallel import FAULT_ENV, merge
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DENSE = dict(layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=512)
+REQUESTS = [{"count": 2, "prompt_tokens": 20, "max_new_tokens": 6},
+            {"count": 1, "prompt_tokens": 9, "max_new_tokens": 4, "arrival_step": 2}]
+ENGINE = {"block_size": 8, "max_num_batched_tokens": 16}
+
+
+def make(tmp_path, name, tp, preset="r1-distill-qwen-7b", arch=None, stack_names=("hf", "paged")):
+    doc = {"name": name, "model": {"preset": preset, "dtype": "float32", **(arch or DENSE)}, "requests": REQUESTS,
+           "stacks": list(stack_names), "engine": ENGINE, "tensor_parallel": tp}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return workload.load_file(str(path), None, stacks.names(), config.load(tmp_path).thresholds)[0]
+
+
+def settings(tmp_path):
+    return Settings(baselines=str(tmp_path / "baselines"), device="cpu", rootdir=ROOT, update_baselines=True)
+
+
+def tp1_run(wl):
+    stack = PagedStack(wl, torch.device("cpu"))
+    PagedStack.check(wl, torch.device("cpu"))
+    stack.prepare()
+
+    class Probe:
+        def step(self, *_, **__):
+            pass
+
+    try:
+        return stack.run(Probe())
+    finally:
+        stack.close()
+
+
+def test_tp2_paged_matches_tp1_with_per_rank_numbers_in_the_reports(tmp_path):
+    tp1 = tp1_run(make(tmp_path, "tp-dense-1", 1))
+    result = run_item(make(tmp_path, "tp-dense", 2), "paged", settings(tmp_path))
+    assert result.verdict == "new", result.reason
+    m = result.measurement
+    print("tp1 kv.bytes.peak", tp1.metrics["kv.bytes.peak"].value, "ranks", json.dumps(m.ranks))
+    # Greedy tokens equal to tensor_parallel 1 (float32): the ranks sample from all-gathered logits.
+    assert f"greedy outputs sha256 {outputs_digest(tp1.outputs)}" in " ".join(m.notes)
+    # Each rank's KV pool holds half the KV heads: half of tensor_parallel 1's KV bytes, per rank.
+    assert [r["rank"] for r in m.ranks] == [0, 1]
+    kv1 = tp1.metrics["kv.bytes.peak"].value
+    for rank in m.ranks:
+        assert rank["metrics"]["kv.bytes.peak"] * 2 == kv1
+        assert rank["metrics"]["kv.live_bytes.peak"] * 2 == tp1.metrics["kv.live_bytes.peak"].value
+        assert rank["metrics"]["kv.blocks_unreclaimed"] == 0
+        assert rank["metrics"]["cpu.heap_alloc.peak"] > 0
+    assert m.ranks[0]["metrics"]["host.page_faults"] != m.ranks[1]["metrics"]["host.page_faults"] or \
+        m.ranks[0]["metrics"]["host.rss.peak"] != m.ranks[1]["metrics"]["host.rss.peak"]  # each rank its own
+    for name in ("kv.bytes.peak", "cpu.heap_alloc.peak", "host.rss.peak", "time.wall"):
+        assert m.metrics[name].value == max(r["metrics"][name] for r in m.ranks)
+    assert m.floors["kv"] * 2 <= tp1.metrics["kv.bytes.peak"].value
+    # The JSON report carries the ranks, and reads back; the Markdown report shows the per-rank table.
+    report = Report([result])
+    path = tmp_path / "report.json"
+    report.write_json(str(path))
+    data = json.loads(path.read_text())
+    assert data["items"][0]["ranks"] == m.ranks
+    assert Report.load(str(path)).items[0].measurement.ranks == m.ranks
+    md = markdown.render(report)
+    assert "Per rank (2 tensor-parallel ranks" in md
+    assert "| rank | `kv.bytes.peak` |" in md
+    rows = [line for line in md.splitlines() if line.startswith(("| 0 |", "| 1 |"))]
+    assert len(rows) == 2
+    assert all(row.split("|")[2].strip() == markdown._value(kv1 // 2, "kv.bytes.peak") for row in rows)
+
+
+def test_a_rank_that_dies_gives_an_error_and_the_session_goes_on(tmp_path, monkeypatch):
+    wl = make(tmp_path, "tp-crash", 2)
+    monkeypatch.setenv(FAULT_ENV, "1")
+    crashed = run_item(wl, "paged", settings(tmp_path))
+    monkeypatch.delenv(FAULT_ENV)
+    assert crashed.verdict == "error"
+    assert "rank 1" in crashed.reason and "SIGKILL" in crashed.reason, crashed.reason
+    print("error reason:", crashed.reason)
+    # The next item runs: hf does not shard, so it is skipped with its reason at tensor_parallel 2.
+    hf = run_item(wl, "hf", settings(tmp_path))
+    assert hf.verdict == "skipped" and "tensor_parallel 2" in hf.reason
+
+
+@pytest.mark.parametrize("preset,arch", [
+    ("deepseek-v2-lite", dict(layers=2, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                              num_attention_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                              v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, vocab_size=512)),
+    ("r1-distill-qwen-7b", dict(DENSE, num_key_value_heads=1)),
+])
+def test_models_that_do_not_shard_are_unavailable_with_a_reason(tmp_path, preset, arch):
+    wl = make(tmp_path, "tp-no", 2, preset, arch)
+    with pytest.raises(StackUnavailable, match="MLA and MoE|not divisible"):
+        PagedStack.check(wl, torch.device("cpu"))
+
+
+def test_merge_takes_the_maximum_and_keeps_each_rank():
+    ranks = []
+    for r, (kv, wall) in enumerate([(100, 2.0), (300, 1.0)]):
+        m = Measurement("w", "paged", floors={"kv": 10 + r})
+        m.metrics = {"kv.bytes.peak": MetricValue(kv), "time.wall": MetricValue(wall),
+                     "gpu.ooms": MetricValue.null("no CUDA device on this runner")}
+        ranks.append(m)
+    m = merge(ranks)
+    assert m.metrics["kv.bytes.peak"].value == 300 and m.metrics["time.wall"].value == 2.0
+    assert m.metrics["gpu.ooms"].value is None and m.metrics["gpu.ooms"].reason
+    assert m.floors == {"kv": 11}
+    assert m.ranks[0] == {"rank": 0, "metrics": {"gpu.ooms": None, "kv.bytes.peak": 100, "time.wall": 2.0}}
+    assert m.ranks[1] == {"rank": 1, "metrics": {"gpu.ooms": None, "kv.bytes.peak": 300, "time.wall": 1.0}}
+    assert "ranks" in m.to_json()
+
+
+def test_tensor_parallel_1_json_has_no_ranks():
+    assert "ranks" not in Measurement("w", "paged").to_json()
