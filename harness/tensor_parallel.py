@@ -169,16 +169,26 @@ def merge(ranks: list[Measurement]) -> Measurement:
 
 
 # -- the rank's side (inside harness.worker) --------------------------------------------------------
+def measure_rank(workload, stack: str, device, options, rank: int, port: int) -> Measurement:
+    """One rank's round: the stack's check() first (every rank decides alike, so a skip joins no group), then
+    join the group, measure with this process's collectors, leave."""
+    from . import stacks
+    from .measure import measure
+
+    try:
+        stacks.load(stack).check(workload, device)
+    except Exception:  # noqa: BLE001 - measure() reports the skip (or the failure) as it always does
+        return measure(workload, stack, device, options)
+    init_rank(rank, workload.tensor_parallel, port, device)
+    return finish_rank(measure(workload, stack, device, options), workload.tensor_parallel)
+
+
 def init_rank(rank: int, world_size: int, port: int, device):
-    """Join the group (gloo on the CPU, NCCL on CUDA) and return this rank's device (cuda:rank on GPUs)."""
-    import torch
+    """Join the group (gloo on the CPU, NCCL on CUDA) on this rank's device (the worker resolved cuda:rank)."""
     import torch.distributed as dist
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as the device docs require
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = LOOPBACK, str(port)
-    if device.type == "cuda":
-        device = torch.device("cuda", rank)
-        torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=f"tcp://{LOOPBACK}:{port}",

@@ -42,7 +42,8 @@ def main(argv=None) -> int:
         if not found:
             raise UsageError(f"no workload named {args.workload!r}", args.file)
         wl = found[0]
-        device = resolve_device(args.device)
+        device = (resolve_device(args.device) if args.world_size == 1
+                  else _rank_device(args.device, args.rank))  # a tensor-parallel rank: its own GPU
     except (UsageError, StackUnavailable) as e:
         m = Measurement(args.workload, args.stack, args.file, args.profile)
         m.error = {"kind": "usage", "message": str(e)}
@@ -53,11 +54,23 @@ def main(argv=None) -> int:
     if args.world_size > 1:  # one rank of a tensor-parallel item
         from . import tensor_parallel
 
-        device = tensor_parallel.init_rank(args.rank, args.world_size, args.master_port, device)
-        _write(args.out, tensor_parallel.finish_rank(measure(wl, args.stack, device, options), args.world_size))
+        _write(args.out, tensor_parallel.measure_rank(wl, args.stack, device, options, args.rank, args.master_port))
         return 0
     _write(args.out, measure(wl, args.stack, device, options))
     return 0
+
+
+def _rank_device(name: str, rank: int):
+    """Rank R of a tensor-parallel item runs on cuda:R (never touching cuda:0 first), or on the CPU."""
+    import torch
+
+    from .measure import resolve_device
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and rank < torch.cuda.device_count():
+        return resolve_device(f"cuda:{rank}")
+    return resolve_device(name)  # too few GPUs: the stack's check() skips the item before any rank joins
 
 
 def _write(path: str, m) -> None:

@@ -25,6 +25,9 @@ DENSE = dict(layers=2, hidden_size=64, intermediate_size=128, num_attention_head
 REQUESTS = [{"count": 2, "prompt_tokens": 20, "max_new_tokens": 6},
             {"count": 1, "prompt_tokens": 9, "max_new_tokens": 4, "arrival_step": 2}]
 ENGINE = {"block_size": 8, "max_num_batched_tokens": 16}
+V2 = dict(layers=2, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
+          kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
+          num_experts_per_tok=2, vocab_size=512)
 
 
 def make(tmp_path, name, tp, preset="r1-distill-qwen-7b", arch=None, stack_names=("hf", "paged")):
@@ -98,15 +101,14 @@ def test_a_rank_that_dies_gives_an_error_and_the_session_goes_on(tmp_path, monke
     assert crashed.verdict == "error"
     assert "rank 1" in crashed.reason and "SIGKILL" in crashed.reason, crashed.reason
     print("error reason:", crashed.reason)
-    # The next item runs: hf does not shard, so it is skipped with its reason at tensor_parallel 2.
-    hf = run_item(wl, "hf", settings(tmp_path))
-    assert hf.verdict == "skipped" and "tensor_parallel 2" in hf.reason
+    # The next item runs. A model the paged stack cannot shard: every rank skips before joining the group.
+    moe = make(tmp_path, "tp-moe", 2, "deepseek-v2-lite", V2)
+    skipped = run_item(moe, "paged", settings(tmp_path))
+    assert skipped.verdict == "skipped" and "MLA and MoE" in skipped.reason, skipped.reason
 
 
 @pytest.mark.parametrize("preset,arch", [
-    ("deepseek-v2-lite", dict(layers=2, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                              num_attention_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
-                              v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, vocab_size=512)),
+    ("deepseek-v2-lite", V2),
     ("r1-distill-qwen-7b", dict(DENSE, num_key_value_heads=1)),
 ])
 def test_models_that_do_not_shard_are_unavailable_with_a_reason(tmp_path, preset, arch):
@@ -133,3 +135,10 @@ def test_merge_takes_the_maximum_and_keeps_each_rank():
 
 def test_tensor_parallel_1_json_has_no_ranks():
     assert "ranks" not in Measurement("w", "paged").to_json()
+
+
+def test_hf_is_skipped_at_tensor_parallel_2(tmp_path):
+    from harness.stacks.hf import HFStack
+
+    with pytest.raises(StackUnavailable, match="one device; tensor_parallel 2"):
+        HFStack.check(make(tmp_path, "tp-hf", 2), torch.device("cpu"))

@@ -31,9 +31,12 @@ from .config import ModelSpec
 from .model import CausalLM
 
 
-def check(workload, spec: ModelSpec) -> None:
+def check(workload, spec: ModelSpec, device) -> None:
     """Raise StackUnavailable if the workload's model cannot be sharded over its tensor_parallel ranks."""
     n = workload.tensor_parallel
+    if getattr(device, "type", device) == "cuda" and torch.cuda.device_count() < n:
+        raise StackUnavailable(f"tensor_parallel {n} needs {n} GPUs (one per rank); this runner has "
+                               f"{torch.cuda.device_count()}")
     if spec.mla or spec.n_routed_experts:
         kind = " and ".join(k for k, on in (("MLA", spec.mla), ("MoE", spec.n_routed_experts)) if on)
         raise StackUnavailable(f"the paged stack shards dense decoders only (GQA/MHA attention, gated MLP); "

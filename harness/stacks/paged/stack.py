@@ -32,7 +32,7 @@ class PagedStack(Stack):
             from .config import ModelSpec
             from .parallel import check
 
-            check(workload, ModelSpec.from_hf(hf_config(workload)))
+            check(workload, ModelSpec.from_hf(hf_config(workload)), device)
         if getattr(device, "type", device) == "cuda":
             try:
                 import triton  # noqa: F401
