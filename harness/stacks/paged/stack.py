@@ -58,6 +58,7 @@ class PagedStack(Stack):
         if self.workload.tensor_parallel > 1:  # this rank's shard; the spec becomes the rank-local one
             from .parallel import shard
 
+            hf = None  # (no images at tensor_parallel > 1) each full tensor goes as soon as its slice is cut
             self.spec = shard(self.model, self.spec)
         self.vision = None
         dtype_bytes = torch.empty(0, dtype=self.dtype).element_size()
