@@ -68,6 +68,7 @@ class BaselineStore:
             "rounds": m.rounds, "environment": m.environment,
             "metrics": {k: v.to_json() for k, v in sorted(m.metrics.items())},
             "floors": m.floors,
+            **({"ranks": m.ranks} if m.ranks else {}),  # tensor parallel: each rank's numbers, kept for reading
         }
         _atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
         return path, _changes(old, m)

@@ -78,6 +78,8 @@ def test_tp2_paged_matches_tp1_with_per_rank_numbers_in_the_reports(tmp_path):
     for name in ("kv.bytes.peak", "cpu.heap_alloc.peak", "host.rss.peak", "time.wall"):
         assert m.metrics[name].value == max(r["metrics"][name] for r in m.ranks)
     assert m.floors["kv"] * 2 <= tp1.metrics["kv.bytes.peak"].value
+    # The baseline keeps the per-rank numbers beside the merged metrics (the rules compare the merged ones).
+    assert json.loads(open(result.baseline_path).read())["ranks"] == m.ranks
     # The JSON report carries the ranks, and reads back; the Markdown report shows the per-rank table.
     report = Report([result])
     path = tmp_path / "report.json"
