@@ -14,11 +14,27 @@ from .value import MetricValue
 _RSS_UNIT = 1 if sys.platform == "darwin" else 1024
 
 
+def peak_rss() -> tuple[int, str]:
+    """This process's peak resident set and where it came from.
+
+    Linux: VmHWM, the high-water mark of this process's own address space. Not ru_maxrss: that one
+    outlives exec and starts from the parent's resident set when the worker was forked, so a worker
+    spawned by a 600 MB pytest session would report at least 600 MB whatever it did."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024, "VmHWM, this process's address space"
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT, "getrusage ru_maxrss"
+
+
 class HostCollector:
     """Start before the model is built, `run_started` before the stack runs, `stop` after it."""
 
     def __init__(self, python_heap: bool = True, rss_sampled: bool = False, period_s: float = 0.01):
-        # A worker process is fresh, so its ru_maxrss is the item's exact peak; a block measured
+        # A worker process is fresh, so its high-water mark is the item's exact peak; a block measured
         # inside a longer-lived process (the fixture) needs a sampled peak instead.
         self.python_heap = python_heap
         self._rss = RssSampler(period_s) if rss_sampled else None
@@ -54,8 +70,11 @@ class HostCollector:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        rss = (MetricValue(self._rss.stop(), detail=f"psutil, sampled every {self._rss.period_s * 1000:g} ms")
-               if self._rss else MetricValue(usage.ru_maxrss * _RSS_UNIT, detail="getrusage ru_maxrss, whole process"))
+        if self._rss:
+            rss = MetricValue(self._rss.stop(), detail=f"psutil, sampled every {self._rss.period_s * 1000:g} ms")
+        else:
+            peak, source = peak_rss()
+            rss = MetricValue(peak, detail=source)
         out = {
             "host.rss.peak": rss,
             "host.page_faults": MetricValue(usage.ru_minflt + usage.ru_majflt - self._faults_at_run,

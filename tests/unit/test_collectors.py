@@ -63,3 +63,24 @@ def test_gpu_metrics_are_null_with_reason_on_a_cpu_runner():
         assert metrics[name].value is None and metrics[name].reason == "no CUDA device on this runner"
     assert metrics["host.rss.peak"].value > 0 and "sampled" in metrics["host.rss.peak"].detail
     del x
+
+
+PARENT = """
+import os, sys
+big = bytearray(800 * 2**20)  # 800 MiB resident in the parent
+for i in range(0, len(big), 4096):
+    big[i] = 1
+pid = os.fork()  # a plain fork copies the parent's address space, and ru_maxrss with it
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, "-c",
+             "from harness.metrics.host import peak_rss; print(peak_rss()[0])"])
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_worker_reports_its_own_peak_not_its_parents():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", PARENT], capture_output=True, text=True, check=True).stdout
+    assert int(out) < 400 * 2**20, f"worker peak {int(out) / 2**20:.0f} MiB includes the parent's 800 MiB"
