@@ -176,6 +176,7 @@ def _parse(doc, at: str, raw, profile, known_stacks, default_rules) -> Workload:
     if not isinstance(engine, dict):
         raise err("engine", "must be a mapping of engine settings")
     _unknown(engine, ENGINE_KEYS, "engine", err)
+    _check_engine(engine, err)
     return Workload(
         name=name, path=doc.path, line=doc.line(_at(at, "name")) or 1, preset=preset, overrides=overrides,
         dtype=dtype, seed=seed, requests=requests, stacks=stacks, thresholds=thresholds,
@@ -255,6 +256,20 @@ def _parse_requests(raw, preset, overrides, err) -> list[RequestGroup]:
                              f"max_position_embeddings ({max_len})")
         groups.append(group)
     return groups
+
+
+def _check_engine(engine: dict, err) -> None:
+    """Engine settings a stack would otherwise reject mid-run: their types and ranges."""
+    sub = lambda f, m: err(f"engine.{f}", m)  # noqa: E731
+    for key in ("block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_blocks"):
+        if key in engine:
+            _int(engine, key, sub, minimum=1)
+    for key in ("enforce_eager", "chunked_prefill"):
+        if key in engine and not isinstance(engine[key], bool):
+            raise sub(key, f"must be true or false, got {engine[key]!r}")
+    value = engine.get("gpu_memory_utilization")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
+        raise sub("gpu_memory_utilization", f"must be a fraction in (0, 1], got {value!r}")
 
 
 def _require(raw: dict, key: str, kind: type, err):

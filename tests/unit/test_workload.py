@@ -78,6 +78,9 @@ BAD = [
      "thresholds.gpu.heap.peak", "unknown metric"),
     ("{max_increase: 25%}", "{max_increase: 25 percent}", 17, "thresholds.host.rss.peak.max_increase", "is not a percentage (2%) or a size"),
     ("num_key_value_heads: 2", "num_key_value_heads: 3", 2, "model", "multiple of num_key_value_heads"),
+    ("stacks: [hf]", "stacks: [hf]\nengine: {block_size: x}", 15, "engine.block_size", "must be an integer"),
+    ("stacks: [hf]", "stacks: [hf]\nengine: {gpu_memory_utilization: 1.5}", 15, "engine.gpu_memory_utilization",
+     "fraction"),
     ("requests:\n  - count: 4\n    prompt_tokens: 64\n    max_new_tokens: 16\n", "requests: []\n", 10,
      "requests", "at least one"),
 ]
