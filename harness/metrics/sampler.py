@@ -5,7 +5,6 @@ NVML sees what torch cannot: the CUDA context, cuBLAS workspaces, memory of chil
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 
