@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot
-from .work_split import combine_cut_units, locate, program_range, tile_line
+from .work_split import combine_cut_units, locate, program_range, store_range_result, tile_line
 
 fix_triton_interpreter()
 
@@ -94,17 +94,9 @@ def _decode(
                                    stride_k_block, stride_k_tok, stride_k_head,
                                    stride_v_block, stride_v_tok, stride_v_head,
                                    GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
-        if (t_first == 0) & (t_last == n):  # the whole sequence: final output
-            o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
-            tl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
-        else:  # cut: slot 0 if it is this range's first sequence, 1 if its last (both if both)
-            part = acc / l[:, None]
-            lse = m + tl.log2(l)
-            for slot in tl.static_range(2):
-                if ((slot == 0) & (x == first)) | ((slot == 1) & (seg_end == last)):
-                    at = (pid * 2 + slot) * GROUP + rows
-                    tl.store(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :], part, mask=out_mask)
-                    tl.store(part_lse_ptr + at, lse, mask=row_mask)
+        store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, dims, out_mask, row_mask,
+                           rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first, seg_end,
+                           last, GROUP, HEAD_DIM)
         x = seg_end
 
 

@@ -50,6 +50,25 @@ def locate(x, seqs, lens, tiles, ends):
 
 
 @triton.jit
+def store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, dims, out_mask, row_mask, rows,
+                       part_out_ptr, part_lse_ptr, pid, whole, x, first, seg_end, last,
+                       ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """A sequence's attention over this range: its output if the range holds all of it, else a
+    partial (output and log-sum-exp) in slot 0 if it is the range's first sequence, 1 if its last."""
+    if whole:
+        o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
+        tl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        part = acc / l[:, None]
+        lse = m + tl.log2(l)
+        for slot in tl.static_range(2):
+            if ((slot == 0) & (x == first)) | ((slot == 1) & (seg_end == last)):
+                at = (pid * 2 + slot) * ROWS + rows
+                tl.store(part_out_ptr + at[:, None] * WIDTH + dims[None, :], part, mask=out_mask)
+                tl.store(part_lse_ptr + at, lse, mask=row_mask)
+
+
+@triton.jit
 def combine_cut_units(
     part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_seqs, num_programs,
     stride_o_seq, stride_o_head,

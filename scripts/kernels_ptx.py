@@ -1,0 +1,118 @@
+"""Compile every paged-attention kernel for the H200 (sm_90) on a CPU machine and print a digest of its PTX.
+
+Usage: python scripts/kernels_ptx.py [--dump DIR]
+
+No GPU is needed: the public wrappers are called on small CPU tensors with the launch intercepted, and
+each launch (its argument types and constexprs) is compiled by Triton's NVIDIA backend for sm_90. A
+refactor of kernel code that leaves every digest unchanged leaves the code the GPU runs unchanged, so
+its measured H200 numbers still stand. The tiles are the CPU path's (block_n 16), not the tuned GPU ones.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kernels import cache_write, decode, mla, prefill  # noqa: E402
+
+H200 = GPUTarget("cuda", 90, 32)
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}
+OPTIONS = ("num_warps", "num_stages", "maxnreg")
+
+
+def arg_type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    return "fp32"
+
+
+def capture(call) -> list[tuple[JITFunction, dict, dict]]:
+    """The launches `call` makes, not run: (kernel, arguments by name, compile options)."""
+    launches = []
+
+    def record(self, *args, grid, warmup, **kwargs):
+        options = {k: kwargs.pop(k) for k in OPTIONS if k in kwargs}
+        launches.append((self, {**dict(zip(self.arg_names, args)), **kwargs}, options))
+
+    real = JITFunction.run
+    JITFunction.run = record
+    try:
+        call()
+    finally:
+        JITFunction.run = real
+    return launches
+
+
+def compile_ptx(kernel: JITFunction, values: dict, options: dict) -> str:
+    constexprs = {kernel.arg_names[i]: values[kernel.arg_names[i]] for i in kernel.constexprs}
+    signature = {name: "constexpr" if name in constexprs else arg_type(values[name]) for name in kernel.arg_names}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=H200, options=options)
+    # Line locations and the debug sections move when code moves; the instructions are what the GPU runs.
+    ptx = compiled.asm["ptx"].split("\t.section\t.debug", 1)[0]
+    ptx = re.sub(r"^(\s*\.(loc|file)\b.*|\$L__tmp\d+:)$", "", ptx, flags=re.M)
+    return re.sub(r"\n\s*\n+", "\n", ptx)
+
+
+def launches() -> dict[str, tuple]:
+    torch.manual_seed(0)
+    bf16 = torch.bfloat16
+    seqs, block, blocks = 3, 16, 24
+    lens = torch.tensor([40, 17, 70], dtype=torch.int32)
+    table = torch.randperm(blocks, dtype=torch.int32)[: seqs * 8].view(seqs, 8)
+    k = torch.randn(blocks, block, 2, 128, dtype=bf16)
+    v = torch.randn_like(k)
+    latent = torch.randn(blocks, block, 576, dtype=bf16)
+    cu_q = torch.tensor([0, 5, 6, 14], dtype=torch.int32)
+    out = {}
+    cases = {
+        "decode gqa 8/2": lambda: decode.paged_decode(torch.randn(seqs, 8, 128, dtype=bf16), k, v, table, lens,
+                                                      0.088, num_programs=4),
+        "prefill gqa 8/2": lambda: prefill.paged_prefill(torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens,
+                                                         0.088, max_q_len=8),
+        "mla 16 heads, rank 512 + rope 64": lambda: mla.mla_decode(
+            torch.randn(seqs, 16, 512, dtype=bf16), torch.randn(seqs, 16, 64, dtype=bf16), latent, table, lens,
+            0.072, num_programs=4),
+        "write kv": lambda: cache_write.write_kv(torch.randn(4, 2, 128, dtype=bf16), torch.randn(4, 2, 128, dtype=bf16),
+                                                 k, v, torch.arange(4, dtype=torch.int64)),
+        "write latent": lambda: cache_write.write_latent(torch.randn(4, 576, dtype=bf16), latent,
+                                                         torch.arange(4, dtype=torch.int64)),
+    }
+    for case, call in cases.items():
+        for kernel, values, options in capture(call):
+            out[f"{case}: {kernel.__name__}"] = (kernel, values, options)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dump", type=Path, help="also write each kernel's PTX here")
+    args = parser.parse_args()
+    rows = []
+    for name, (kernel, values, options) in launches().items():
+        ptx = compile_ptx(kernel, values, options)
+        rows.append((name, hashlib.sha256(ptx.encode()).hexdigest()[:16], ptx.count("\n")))
+        if args.dump:
+            args.dump.mkdir(parents=True, exist_ok=True)
+            (args.dump / (re.sub(r"\W+", "_", name).strip("_") + ".ptx")).write_text(ptx)
+    width = max(len(r[0]) for r in rows)
+    print(f"{'kernel (sm_90)':<{width}}  {'ptx sha256':<16}  lines")
+    for name, digest, lines in rows:
+        print(f"{name:<{width}}  {digest:<16}  {lines}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
