@@ -15,6 +15,7 @@ from ..metrics.catalog import METRICS
 from . import plot
 from .report import ORDER
 from .markdown import ICONS, MEMORY_VIZ, _value, safe_url
+from .ranks import rank_columns
 from .terminal import COLUMNS
 
 
@@ -23,7 +24,8 @@ def environment() -> jinja2.Environment:
                              autoescape=jinja2.select_autoescape(["html", "html.j2"], default=True),
                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)
     env.filters.update(wbr=_wbr, value=_value, bytes=units.format_bytes, percent=units.format_percent)
-    env.globals.update(describe_floors=describe_floors, ICONS=ICONS, COLUMNS=COLUMNS, MEMORY_VIZ=MEMORY_VIZ, METRICS=METRICS)
+    env.globals.update(describe_floors=describe_floors, ICONS=ICONS, COLUMNS=COLUMNS, MEMORY_VIZ=MEMORY_VIZ, METRICS=METRICS,
+                       rank_columns=rank_columns)
     return env
 
 
@@ -38,7 +40,7 @@ def render(report, artifact_url: str | None = None) -> str:
     ordered = sorted(report.items, key=lambda r: ORDER.index(r.verdict) if r.verdict in ORDER else len(ORDER))
     columns = [c for c in COLUMNS if any(_measured(r, c) for r in report.items)]
     env_keys = [k for k in dict.fromkeys(k for e in report.environments for k in e) if k != "device_class"]
-    return environment().get_template("report.html.j2").render(env_keys=env_keys, 
+    return environment().get_template("report.html.j2").render(env_keys=env_keys,
         report=report, ordered=ordered, workloads=workloads, columns=columns, artifact_url=safe_url(artifact_url))
 
 

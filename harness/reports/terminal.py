@@ -8,15 +8,18 @@ from ..metrics.catalog import METRICS
 COLUMNS = ("gpu.heap_alloc.peak", "cpu.heap_alloc.peak", "kv.bytes.peak", "kv.waste.peak", "host.rss.peak")
 
 
+def _cell(name: str, value) -> str:
+    return "-" if value is None else units.format_value(value, METRICS[name].unit)
+
+
 def table(report) -> list[str]:
     rows = [("item", "verdict", *COLUMNS)]
     for r in report.items:
         metrics = r.measurement.metrics
-        cells = []
-        for name in COLUMNS:
-            v = metrics.get(name)
-            cells.append("-" if v is None or v.value is None else units.format_value(v.value, METRICS[name].unit))
+        cells = [_cell(name, metrics[name].value if name in metrics else None) for name in COLUMNS]
         rows.append((r.id, r.verdict.upper() if r.failed else r.verdict, *cells))
+        for rank in r.measurement.ranks or ():  # tensor parallel: the item's row is the max across ranks
+            rows.append((f"  rank {rank['rank']}", "", *(_cell(n, rank["metrics"].get(n)) for n in COLUMNS)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
