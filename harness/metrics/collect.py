@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from .catalog import METRICS
-from .host import HostCollector
+from .host import HostCollector, owned_resident
 from .value import MetricValue
 
 NO_GPU = "no CUDA device on this runner"
@@ -70,7 +70,7 @@ class Collectors:
             s = self.sampler.sample(step)
             point.update({"gpu.allocated": s["gpu.allocated"], "gpu.reserved": s["gpu.reserved"]})
         else:
-            point["host.rss"] = _rss()
+            point["host.rss"] = owned_resident()
         self.timeline.append(point)
 
     def run_finished(self) -> None:
@@ -102,7 +102,3 @@ class Collectors:
         return metrics
 
 
-def _rss() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss

@@ -84,3 +84,30 @@ def test_a_forked_worker_reports_its_own_peak_not_its_parents():
 
     out = subprocess.run([sys.executable, "-c", PARENT], capture_output=True, text=True, check=True).stdout
     assert int(out) < 400 * 2**20, f"worker peak {int(out) / 2**20:.0f} MiB includes the parent's 800 MiB"
+
+
+FILE_AND_HEAP = """
+import mmap, sys
+with open(sys.argv[1], "rb") as f:
+    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+total = sum(mapped[i] for i in range(0, len(mapped), 4096))  # every page of the file resident
+heap = bytearray(100 * 2**20)
+for i in range(0, len(heap), 4096):
+    heap[i] = 1
+from harness.metrics.host import peak_rss
+print(peak_rss()[0])
+"""
+
+
+def test_the_peak_counts_the_memory_the_process_owns_not_the_files_it_maps(tmp_path):
+    # File-backed residency follows the page cache (a freshly installed venv maps more of its
+    # libraries than an old one): a 300 MiB mapped file must not count, a 100 MiB heap must.
+    import subprocess
+    import sys
+
+    data = tmp_path / "weights.bin"
+    with open(data, "wb") as f:
+        f.write(b"\1" * (300 * 2**20))
+    out = subprocess.run([sys.executable, "-c", FILE_AND_HEAP, str(data)], capture_output=True, text=True,
+                         check=True).stdout
+    assert 100 * 2**20 <= int(out) < 200 * 2**20, f"peak {int(out) / 2**20:.0f} MiB"
