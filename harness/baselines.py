@@ -66,12 +66,21 @@ class BaselineStore:
             "schema": SCHEMA, "workload": m.workload, "stack": m.stack, "profile": m.profile,
             "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "rounds": m.rounds, "environment": m.environment,
-            "metrics": {k: v.to_json() for k, v in sorted(m.metrics.items())},
+            "metrics": {k: _stamped(k, v) for k, v in sorted(m.metrics.items())},
             "floors": m.floors,
             **({"ranks": m.ranks} if m.ranks else {}),  # tensor parallel: each rank's numbers, kept for reading
         }
         _atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
         return path, _changes(old, m)
+
+
+def _stamped(name: str, value: MetricValue) -> dict:
+    """The metric as stored, with the revision of its definition it was measured by."""
+    out = value.to_json()
+    revision = METRICS[name].revision if name in METRICS else 1
+    if revision != 1:
+        out["revision"] = revision
+    return out
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -163,6 +163,12 @@ def evaluate(rule: Rule, now: MetricValue, base: MetricValue | None) -> Check:
         return check
     if not rule.compares_baseline:
         return check
+    spec = METRICS[rule.metric]
+    if base is not None and base_value is not None and base.revision != spec.revision:
+        check.status = "not_compared"
+        check.message = (f"the baseline measured it by revision {base.revision} of its definition, this run by "
+                         f"revision {spec.revision} ({spec.revised}); refresh the baseline")
+        return check
     if base is None or base_value is None:
         check.status = "new"
         check.message = "no baseline value" if base is None else f"baseline has no value ({base.reason})"

@@ -11,6 +11,9 @@ class MetricSpec:
     meaning: str
     lower_is_worse: bool = False  # throughput: a drop is the regression
     noisy: bool = False  # compared only through repeated rounds
+    # Bumped when the way it is measured changes: a baseline of an earlier revision is not compared.
+    revision: int = 1
+    revised: str = ""  # what changed at the last revision, for the report
 
 
 _SPECS = [
@@ -28,7 +31,8 @@ _SPECS = [
     MetricSpec("kv.blocks_unreclaimed", "count", "KV blocks still held by finished sequences at the end"),
     MetricSpec("kv.page_footprint", "count", "distinct 2 MiB pages the KV reads of one decode step touch (max over steps)"),
     MetricSpec("host.heap_alloc.peak", "bytes", "peak Python heap during the run (tracemalloc)"),
-    MetricSpec("host.rss.peak", "bytes", "peak resident set of the workload's process less its file-backed pages (VmHWM - RssFile): the anonymous + shared memory it held"),
+    MetricSpec("host.rss.peak", "bytes", "peak resident set of the workload's process less its file-backed pages (VmHWM - RssFile): the anonymous + shared memory it held",
+               revision=2, revised="revision 1 counted file-backed pages too (VmHWM)"),
     MetricSpec("host.page_faults", "count", "minor + major page faults during the run (getrusage)"),
     MetricSpec("host.gc_collections", "count", "Python garbage-collector passes during the run"),
     MetricSpec("host.dtlb_misses", "count", "data-TLB load misses during the run (perf_event_open)"),

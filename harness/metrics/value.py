@@ -11,6 +11,7 @@ class MetricValue:
     reason: str | None = None  # why value is null; never set together with a value
     detail: str | None = None  # how it was measured (sampling period, source) when that matters
     samples: list[float] = field(default_factory=list)  # one per round, when rounds > 1
+    revision: int = 1  # of the metric's definition it was measured by (catalog.MetricSpec.revision)
 
     @classmethod
     def null(cls, reason: str) -> "MetricValue":
@@ -32,8 +33,11 @@ class MetricValue:
             out["detail"] = self.detail
         if len(self.samples) > 1:
             out["samples"] = self.samples
+        if self.revision != 1:
+            out["revision"] = self.revision
         return out
 
     @classmethod
     def from_json(cls, data: dict) -> "MetricValue":
-        return cls(data.get("value"), data.get("reason"), data.get("detail"), list(data.get("samples", [])))
+        return cls(data.get("value"), data.get("reason"), data.get("detail"), list(data.get("samples", [])),
+                   data.get("revision", 1))

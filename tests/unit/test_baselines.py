@@ -97,3 +97,28 @@ def test_a_killed_writer_never_leaves_a_half_file(tmp_path):
         b = store.load("cpu-x86_64", "w", "hf")  # raises if the file were torn
         assert b.metrics["cpu.heap_alloc.peak"].value is not None
         json.loads(store.path("cpu-x86_64", "w", "hf").read_text())
+
+
+def test_a_metric_whose_definition_changed_is_not_compared_with_a_baseline_of_the_old_one(tmp_path):
+    # host.rss.peak is at revision 2 (file-backed pages no longer counted): a baseline written now says
+    # so; one written before says nothing, reads as revision 1 and is not compared, however far apart.
+    from harness import rules
+    from harness.verdict import judge
+
+    store = BaselineStore(tmp_path)
+    m = measurement(100)
+    m.metrics["host.rss.peak"] = MetricValue(300 * 2**20)
+    path, _ = store.write(m)
+    stored = json.loads(path.read_text())["metrics"]
+    assert stored["host.rss.peak"]["revision"] == 2 and "revision" not in stored["cpu.heap_alloc.peak"]
+
+    rule_set = {"host.rss.peak": rules.parse("host.rss.peak", {"max_increase": "8% and 24MiB"}, None)}
+    m.metrics["host.rss.peak"] = MetricValue(400 * 2**20)
+    assert judge(m, rule_set, store.load("cpu-x86_64", "w", "hf")).verdict == "regressed"
+
+    del stored["host.rss.peak"]["revision"]
+    path.write_text(json.dumps({**json.loads(path.read_text()), "metrics": stored}))
+    result = judge(m, rule_set, store.load("cpu-x86_64", "w", "hf"))
+    (check,) = result.checks
+    assert result.verdict == "pass" and check.status == "not_compared"
+    assert "revision 1" in check.message and "file-backed" in check.message and "refresh" in check.message

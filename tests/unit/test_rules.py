@@ -4,6 +4,7 @@ import pytest
 
 from harness import rules
 from harness.errors import UsageError
+from harness.metrics.catalog import METRICS
 from harness.metrics.value import MetricValue
 
 
@@ -13,7 +14,8 @@ def where(field, message):
 
 def check(metric, raw, now, base, samples_now=(), samples_base=()):
     rule = rules.parse(metric, raw, where)
-    b = None if base is None else MetricValue(base, samples=list(samples_base))
+    # A baseline measured by the metric's current definition (revisions: test_baselines.py).
+    b = None if base is None else MetricValue(base, samples=list(samples_base), revision=METRICS[metric].revision)
     return rules.evaluate(rule, MetricValue(now, samples=list(samples_now)), b)
 
 
