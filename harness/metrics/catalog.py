@@ -31,7 +31,8 @@ _SPECS = [
     MetricSpec("kv.blocks_unreclaimed", "count", "KV blocks still held by finished sequences at the end"),
     MetricSpec("kv.page_footprint", "count", "distinct 2 MiB pages the KV reads of one decode step touch (max over steps)"),
     MetricSpec("host.heap_alloc.peak", "bytes", "peak Python heap during the run (tracemalloc)"),
-    MetricSpec("host.rss.peak", "bytes", "peak resident set of the workload's process less its file-backed pages (VmHWM - RssFile): the anonymous + shared memory it held",
+    MetricSpec("host.rss.peak", "bytes", "peak resident set of the workload's process less its file-backed "
+               "pages (VmHWM - RssFile): the anonymous + shared memory it held",
                revision=2, revised="revision 1 counted file-backed pages too (VmHWM)"),
     MetricSpec("host.page_faults", "count", "minor + major page faults during the run (getrusage)"),
     MetricSpec("host.gc_collections", "count", "Python garbage-collector passes during the run"),

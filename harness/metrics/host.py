@@ -18,7 +18,8 @@ def _status_bytes() -> dict[str, int]:
     """The kB fields of /proc/self/status, in bytes; empty where there is no /proc."""
     try:
         with open("/proc/self/status") as f:
-            return {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f) if v.strip().endswith("kB")}
+            fields = (line.split(":", 1) for line in f)
+            return {k: int(v.split()[0]) * 1024 for k, v in fields if v.strip().endswith("kB")}
     except OSError:
         return {}
 
