@@ -124,8 +124,14 @@ def _validate(data: dict) -> None:
             raise ValueError(f"unknown check status {str(c.get('status'))[:40]!r}")
         _number(c.get("value"), "a check's value")
         _number(c.get("baseline"), "a check's baseline")
-    for rank in data.get("ranks") or []:  # tensor parallel: each rank's numbers
-        for name, value in (rank.get("metrics") or {}).items():
+    ranks = data.get("ranks") or []  # tensor parallel: each rank's numbers
+    if not isinstance(ranks, list):
+        raise ValueError("ranks is not a list")
+    for i, rank in enumerate(ranks):
+        if not isinstance(rank, dict) or not isinstance(rank.get("rank"), int) \
+                or not isinstance(rank.get("metrics"), dict):
+            raise ValueError(f"ranks[{i}] is not a mapping of an integer rank and its metrics")
+        for name, value in rank["metrics"].items():
             _number(value, f"rank metric {str(name)[:40]!r}")
     for key in ("environment", "artifacts"):
         if not isinstance(data.get(key) or {}, dict):

@@ -77,6 +77,10 @@ def test_memcheck_merge_skips_nothing_silently(tmp_path, capsys):
     ("metrics", {"gpu.heap_alloc.peak": {"value": "1e9; rm -rf"}}, "metric 'gpu.heap_alloc.peak' is str"),
     ("checks", [{"metric": "m", "status": "<b>", "value": 1}], "unknown check status '<b>'"),
     ("environment", ["x"], "environment is not a mapping"),
+    ("ranks", "abc", "ranks is not a list"),
+    ("ranks", [{"metrics": {"kv.bytes.peak": 1}}], "ranks[0] is not a mapping of an integer rank and its metrics"),
+    ("ranks", [{"rank": 0, "metrics": "x"}], "ranks[0] is not a mapping of an integer rank and its metrics"),
+    ("ranks", [{"rank": 0, "metrics": {"kv.bytes.peak": "1 GiB"}}], "rank metric 'kv.bytes.peak' is str"),
 ])
 def test_a_tampered_report_is_refused_in_one_line(tmp_path, field, value, message):
     """Reports of pull requests from forks come from untrusted code: anything but the schema is refused."""
