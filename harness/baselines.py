@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import units
+from . import environment, units
 from .errors import UsageError
 from .measurement import Measurement
 from .metrics.catalog import METRICS
@@ -107,11 +107,14 @@ def _atomic_write(path: Path, text: str) -> None:
 def _changes(old: Baseline | None, m: Measurement) -> list[str]:
     if old is None:
         return ["new baseline"]
-    lines = []
+    # Why the numbers may have moved first: what the run changed (a dependency bump, a new workload definition).
+    lines = environment.differences(old.environment, m.environment, m.stack)
+    lines += environment.software_changes(old.environment, m.environment, m.stack)
+    moved = len(lines)
     for name in sorted(set(old.metrics) | set(m.metrics)):
         before = old.metrics.get(name, MetricValue(None)).value
         after = m.metrics.get(name, MetricValue(None)).value
         if before != after:
             unit = METRICS[name].unit if name in METRICS else ""
             lines.append(f"{name}: {units.format_value(before, unit)} -> {units.format_value(after, unit)}")
-    return lines or ["no metric changed"]
+    return lines if len(lines) > moved else lines + ["no metric changed"]

@@ -1,15 +1,20 @@
 """Project settings: built-in rule defaults (defaults.toml) overridden by [tool.memcheck] in pyproject.toml."""
 from __future__ import annotations
 
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import rules
+from . import environment, rules
 from .errors import UsageError
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as the tomli backport (a dependency there)
+    import tomli as tomllib
+
 _DEFAULTS = Path(__file__).with_name("defaults.toml")
-KEYS = {"thresholds", "suites", "baselines"}
+KEYS = {"thresholds", "suites", "baselines", "strict_environment"}
 
 
 @dataclass
@@ -17,6 +22,8 @@ class Config:
     thresholds: dict[str, rules.Rule] = field(default_factory=dict)
     suites: list[str] = field(default_factory=lambda: ["suites"])
     baselines: str = "baselines"
+    # Software fields of the fingerprint whose change makes a baseline incomparable instead of judged across.
+    strict_environment: tuple[str, ...] = ()
     source: str = "built-in defaults"
 
 
@@ -39,6 +46,7 @@ def load(rootdir: str | Path | None = None) -> Config:
         config.suites = list(section.get("suites", config.suites))
         config.baselines = section.get("baselines", config.baselines)
         config.source = str(pyproject)
+        config.strict_environment = _strict_environment(section.get("strict_environment", []), config.source)
 
     def where(field_path, message):
         return UsageError(message, config.source, field=f"tool.memcheck.thresholds.{field_path}")
@@ -48,3 +56,15 @@ def load(rootdir: str | Path | None = None) -> Config:
         if rule is not None:
             config.thresholds[metric] = rule
     return config
+
+
+def _strict_environment(raw, source: str) -> tuple[str, ...]:
+    where = "tool.memcheck.strict_environment"
+    if not isinstance(raw, list):
+        raise UsageError(f"must be a list of fingerprint fields, e.g. [\"torch\"]; got {raw!r}", source, field=where)
+    for i, name in enumerate(raw):
+        if name not in environment.SOFTWARE:
+            physical = " (always strict)" if name in environment.PHYSICAL else ""
+            raise UsageError(f"{name!r}{physical} is not a software field; known: {', '.join(environment.SOFTWARE)}",
+                             source, field=f"{where}[{i}]")
+    return tuple(raw)

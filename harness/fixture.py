@@ -9,11 +9,10 @@ import re
 import pytest
 
 from . import environment, rules
-from .baselines import BaselineStore
 from .errors import UsageError
 from .measurement import Measurement
 from .metrics.collect import CollectorOptions, Collectors
-from .verdict import judge
+from .runner import judge_item
 
 STACK = "python"
 
@@ -77,15 +76,7 @@ class BlockMeter:
                 rule_set.pop(metric, None)
             else:
                 rule_set[metric] = rule
-        store = BaselineStore(session.settings.baselines)
-        try:
-            baseline, error = store.load(m.environment["device_class"], m.workload, STACK), None
-        except UsageError as e:
-            baseline, error = None, str(e)
-        self.result = judge(m, rule_set, baseline, error)
-        if session.settings.update_baselines:
-            path, changes = store.write(m)
-            self.result.baseline_path, self.result.updated = str(path), changes
+        self.result = judge_item(m, rule_set, session.settings)
         session.report.items.append(self.result)
         if self.result.failed:
             pytest.fail(f"{self.result.id}: {self.result.verdict}: {self.result.reason}", pytrace=False)

@@ -58,6 +58,7 @@ class MemcheckSession:
             baselines=baselines, profile=profile, device=device, update_baselines=opt("memcheck_update_baselines"),
             strict=opt("memcheck_strict"), rootdir=root, python_heap=not opt("memcheck_no_host_heap"),
             sample_period_ms=opt("memcheck_sample_period"), timeout_s=opt("memcheck_timeout"),
+            strict_environment=self.project.strict_environment,
         )
         self.report = Report(profile=profile)
         self.errors: list[str] = []
@@ -183,6 +184,8 @@ class WorkloadItem(pytest.Item):
             if metric.value is not None:
                 self.user_properties.append((f"memcheck.{name}", metric.value))
         self.user_properties.append(("memcheck.verdict", self.result.verdict))
+        if self.result.compared_across:  # a dependency bump the verdict was reached across
+            self.user_properties.append(("memcheck.compared_across", "; ".join(self.result.compared_across)))
         if self.result.verdict == "skipped":
             pytest.skip(self.result.reason)
         if self.result.failed:

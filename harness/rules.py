@@ -73,6 +73,26 @@ class Check:
         }
 
 
+RULE_FIELDS = ("relative", "absolute", "ceiling", "floor", "band")
+
+
+def to_json(rule: Rule) -> dict:
+    """A rule as stored in reports: its parsed numbers, so another tool judges by exactly this rule."""
+    return {**{k: getattr(rule, k) for k in RULE_FIELDS}, "lower_is_worse": rule.lower_is_worse, "text": rule.text}
+
+
+def from_json(metric: str, data: dict) -> Rule:
+    """The inverse of to_json. Raises ValueError on anything but numbers where numbers belong."""
+    if metric not in METRICS or not isinstance(data, dict):
+        raise ValueError(f"rule of unknown metric {str(metric)[:40]!r}")
+    for key in RULE_FIELDS:
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"rule {metric}.{key} is {type(value).__name__}, not a number")
+    return Rule(metric, **{k: data.get(k) for k in RULE_FIELDS}, lower_is_worse=bool(data.get("lower_is_worse")),
+                text=str(data.get("text", "")))
+
+
 def parse(metric: str, raw, where) -> Rule | None:
     """Parse one metric's rule. `where(field, message)` builds the UsageError naming file, line and field.
     Returns None when the rule is switched off (`off` / `false`)."""

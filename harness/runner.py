@@ -33,6 +33,7 @@ class Settings:
     cpu_tensors: bool = True
     sample_period_ms: float = 10.0
     timeout_s: float | None = None
+    strict_environment: tuple[str, ...] = ()  # [tool.memcheck] software fields that make a baseline incomparable
 
 
 def measure_rounds(workload, stack: str, settings: Settings) -> Measurement:
@@ -114,8 +115,13 @@ def _tail(stderr, lines: int = 6) -> str:
 
 
 def run_item(workload, stack: str, settings: Settings, store: BaselineStore | None = None) -> ItemResult:
+    return judge_item(measure_rounds(workload, stack, settings), workload.thresholds, settings, store)
+
+
+def judge_item(m: Measurement, rule_set: dict, settings: Settings, store: BaselineStore | None = None) -> ItemResult:
+    """From a measurement to a judged item, its baseline refreshed when asked: workload items and the
+    `memcheck` fixture both come here."""
     store = store or BaselineStore(settings.baselines)
-    m = measure_rounds(workload, stack, settings)
     baseline, baseline_error = None, None
     device_class = m.environment.get("device_class")
     if device_class and not (m.error or m.skipped):
@@ -123,7 +129,7 @@ def run_item(workload, stack: str, settings: Settings, store: BaselineStore | No
             baseline = store.load(device_class, m.workload, m.stack)
         except UsageError as e:
             baseline_error = str(e)
-    result = judge(m, workload.thresholds, baseline, baseline_error)
+    result = judge(m, rule_set, baseline, baseline_error, settings.strict_environment)
     if settings.update_baselines and result.verdict not in ("error", "skipped"):
         path, changes = store.write(m)
         result.baseline_path = str(path)

@@ -1,8 +1,11 @@
 """From a measurement, its baseline and its rules to one verdict per item.
 
 pass | regressed | improved (beyond the band: refresh the baseline) | new (no baseline) |
-incomparable (baseline from another device class or software) | error (the workload failed) |
-skipped (the stack cannot run on this runner).
+incomparable (baseline from another device class, GPU, profile or workload definition) | error (the
+workload failed) | skipped (the stack cannot run on this runner).
+
+A baseline recorded under other software versions (torch, transformers, vLLM, ...) is judged as usual;
+`compared_across` names those versions and every report shows it beside the verdict.
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ class ItemResult:
     baseline_metrics: dict[str, MetricValue] = field(default_factory=dict)
     updated: list[str] | None = None  # changes applied when this run refreshed the baseline
     strict: bool = False  # --memcheck-strict: a `new` item fails too
+    compared_across: list[str] = field(default_factory=list)  # software versions judged across: 'torch 2.12 -> 2.13'
+    rule_set: dict[str, rules.Rule] = field(default_factory=dict)  # the rules judged by (`memcheck compare` reuses them)
 
     @property
     def id(self) -> str:
@@ -47,12 +52,20 @@ class ItemResult:
             "baseline": None if self.baseline_path is None else {
                 "path": self.baseline_path, "recorded": self.baseline_recorded,
                 "metrics": {k: v.to_json() for k, v in self.baseline_metrics.items()}},
-            "incomparable_fields": self.differences, "failed": self.failed, "baseline_updated": self.updated,
+            "incomparable_fields": self.differences, "compared_across": self.compared_across,
+            "failed": self.failed, "baseline_updated": self.updated,
+            "rules": {name: rules.to_json(rule) for name, rule in sorted(self.rule_set.items())},
         }
+
+    @property
+    def across(self) -> str:
+        """'after transformers 5.16.0 -> 5.17.0', or '' when the baseline ran the same software."""
+        return "after " + ", ".join(self.compared_across) if self.compared_across else ""
 
 
 def judge(m: Measurement, rule_set: dict[str, rules.Rule], baseline: Baseline | None,
-          baseline_error: str | None = None) -> ItemResult:
+          baseline_error: str | None = None, strict_environment=()) -> ItemResult:
+    """`strict_environment`: software fields the project makes incomparable ([tool.memcheck])."""
     if m.skipped:
         return ItemResult(m, "skipped", m.skipped)
     if m.error:
@@ -60,14 +73,18 @@ def judge(m: Measurement, rule_set: dict[str, rules.Rule], baseline: Baseline | 
         return ItemResult(m, "error", f"{kind.get(m.error['kind'], m.error['kind'])}: {m.error['message']}")
     if baseline_error:
         return ItemResult(m, "error", baseline_error)
-    result = ItemResult(m, "pass")
+    result = ItemResult(m, "pass", rule_set=dict(rule_set))
     comparable = baseline
     if baseline is not None:
         result.baseline_path, result.baseline_recorded = str(baseline.path), baseline.recorded
         result.baseline_metrics = baseline.metrics
-        result.differences = environment.differences(baseline.environment, m.environment, m.stack)
+        result.differences = environment.differences(baseline.environment, m.environment, m.stack,
+                                                     strict_environment)
         if result.differences:
             comparable = None  # ceilings still hold; relative rules have nothing fair to compare with
+        else:
+            result.compared_across = environment.software_changes(baseline.environment, m.environment, m.stack,
+                                                                   strict_environment)
     for metric, rule in sorted(rule_set.items()):
         now = m.metrics.get(metric, MetricValue.null("not reported"))
         base = comparable.metrics.get(metric) if comparable else None
@@ -76,7 +93,8 @@ def judge(m: Measurement, rule_set: dict[str, rules.Rule], baseline: Baseline | 
     improved = [c for c in result.checks if c.status == "improved"]
     if regressed:
         result.verdict = "regressed"
-        result.reason = " ".join(f"{c.metric} regressed: {c.message}." for c in regressed)
+        after = f" {result.across}" if result.across else ""
+        result.reason = " ".join(f"{c.metric} regressed: {c.message}{after}." for c in regressed)
     elif baseline is None:
         result.verdict, result.reason = "new", "no baseline for this device class yet"
     elif result.differences:
@@ -84,5 +102,7 @@ def judge(m: Measurement, rule_set: dict[str, rules.Rule], baseline: Baseline | 
         result.reason = "baseline recorded under a different environment: " + "; ".join(result.differences)
     elif improved:
         result.verdict = "improved"
-        result.reason = " ".join(f"{c.metric} improved: {c.message}." for c in improved) + " Refresh the baseline."
+        after = f" {result.across}" if result.across else ""
+        result.reason = " ".join(f"{c.metric} improved: {c.message}{after}." for c in improved)
+        result.reason += " Refresh the baseline."
     return result

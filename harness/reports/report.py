@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..errors import UsageError
 from ..measurement import Measurement
 from ..metrics.value import MetricValue
+from .. import rules
 from ..rules import Check
 from ..verdict import ItemResult
 
@@ -136,6 +137,9 @@ def _validate(data: dict) -> None:
     for key in ("environment", "artifacts"):
         if not isinstance(data.get(key) or {}, dict):
             raise ValueError(f"{key} is not a mapping")
+    for key in ("incomparable_fields", "compared_across"):
+        if not isinstance(data.get(key) or [], list) or not all(isinstance(s, str) for s in data.get(key) or []):
+            raise ValueError(f"{key} is not a list of strings")
 
 
 def _item_from_json(data: dict) -> ItemResult:
@@ -148,6 +152,9 @@ def _item_from_json(data: dict) -> ItemResult:
                         list(data.get("incomparable_fields", [])),
                         {k: MetricValue.from_json(v) for k, v in (base.get("metrics") or {}).items()},
                         data.get("baseline_updated"))
+    # Both absent from reports of earlier memcheck versions, which stay readable.
+    result.compared_across = list(data.get("compared_across") or [])
+    result.rule_set = {name: rules.from_json(name, raw) for name, raw in (data.get("rules") or {}).items()}
     # `failed` is derived; a report written with --memcheck-strict keeps its failing `new` items failing.
     result.strict = bool(data.get("failed")) and result.verdict == "new"
     return result

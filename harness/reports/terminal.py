@@ -26,6 +26,8 @@ def table(report) -> list[str]:
     for r in report.items:
         if r.verdict not in ("pass", "new") or r.failed:
             lines.append(f"{r.id}: {r.verdict}: {r.reason}")
+        if r.compared_across and r.verdict != "regressed":  # a regression's reason names the bump already
+            lines.append(f"{r.id}: {r.verdict}, compared across: {', '.join(r.compared_across)}")
         if r.updated:
             lines.append(f"{r.id}: baseline written to {r.baseline_path}: " + "; ".join(r.updated))
     summary = ", ".join(f"{n} {v}" for v, n in report.summary.items())
