@@ -88,6 +88,37 @@ def _add_report_commands(sub) -> None:
     export.add_argument("--artifact-url", metavar="URL", help="link to the full report in the Markdown")
 
 
+def _add_compare_command(sub) -> None:
+    compare = sub.add_parser(
+        "compare", help="judge the items of one report against another's (a version bump, a bisect); no baselines",
+        description="Judge every item of AFTER against the same item in BEFORE with the rules AFTER ran with, "
+                    "as against a baseline: print the verdict table, exit 1 on a regression. Software versions "
+                    "that differ are compared across and named; a device class, GPU, profile or workload "
+                    "definition that differs makes the item incomparable.")
+    compare.add_argument("before", metavar="BEFORE.json", help="the earlier run's JSON report")
+    compare.add_argument("after", metavar="AFTER.json", help="the later run's JSON report")
+    compare.add_argument("--markdown", metavar="FILE.md", help="write the comparison as the Markdown report")
+    compare.add_argument("--html", metavar="FILE.html", help="write the comparison as the HTML report")
+    compare.add_argument("--report", metavar="FILE.json", help="write the comparison as a JSON report")
+
+
+def _run_compare(ns) -> int:
+    from .compare import compare
+    from .errors import UsageError
+    from .reports import exports, terminal
+    from .reports.report import Report
+
+    try:
+        result = compare(Report.load(ns.before), Report.load(ns.after), ns.before)
+    except UsageError as e:
+        return _error(str(e))
+    print("\n".join(terminal.table(result)))
+    if ns.report:
+        result.write_json(ns.report)
+    exports.write(result, markdown=ns.markdown, html=ns.html)
+    return 1 if result.failed else 0
+
+
 def _load_reports(paths: list[str]):
     from .errors import UsageError
     from .reports.report import Report, merge
@@ -147,7 +178,10 @@ def main(argv=None) -> int:
     refresh = bsub.add_parser("refresh", help="run workloads and write their baselines, printing what changed")
     _common(refresh)
     _add_report_commands(sub)
+    _add_compare_command(sub)
     ns = parser.parse_args(argv)
+    if ns.command == "compare":
+        return _run_compare(ns)
     if ns.command in ("comment", "merge", "export"):
         return _run_report_command(ns)
     args = _forward(ns)

@@ -4,9 +4,13 @@ The `toy` stack is installed the way pip installs any plugin (a dist-info folder
 entry_points.txt on the path), and is the stock hf stack plus one real knob: TOY_EXTRA_MIB keeps
 that many extra MiB of tensors alive during the run - the kind of change a regression is.
 """
+import os
 import textwrap
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]  # this checkout: the runs under test import its harness, not an install
 
 TOY_STACK = '''
 import os, signal
@@ -59,7 +63,7 @@ def project(pytester, monkeypatch):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toystack\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[memcheck.stacks]\ntoy = toystack:ToyStack\n")
-    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT)]))
     monkeypatch.delenv("TOY_EXTRA_MIB", raising=False)
     pytester.makefile(".toml", pyproject="[tool.memcheck]\n")
     (pytester.mkdir("suites") / "tiny.yaml").write_text(workload())
