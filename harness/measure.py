@@ -28,6 +28,7 @@ def resolve_device(name: str = "auto"):
 def measure(workload, stack_name: str, device, options: CollectorOptions | None = None) -> Measurement:
     m = Measurement(workload.name, stack_name, workload.path, workload.profile, workload.scaled, workload.digest())
     m.environment = {**environment.fingerprint(device), "profile": workload.profile, "workload": m.digest}
+    m.model = workload.preset.identity
     try:
         stack_cls = stacks.load(stack_name)
         stack_cls.check(workload, device)

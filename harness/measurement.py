@@ -24,6 +24,7 @@ class Measurement:
     skipped: str | None = None  # the stack cannot run on this runner: why
     rounds: int = 1
     ranks: list[dict] = field(default_factory=list)  # tensor parallel: [{rank, metrics: {name: value}}]
+    model: dict = field(default_factory=dict)  # {preset | config, model_type, config_digest}: Preset.identity
 
     @property
     def id(self) -> str:
@@ -38,6 +39,7 @@ class Measurement:
             "artifacts": self.artifacts, "notes": self.notes, "error": self.error, "skipped": self.skipped,
             "rounds": self.rounds,
             **({"ranks": self.ranks} if self.ranks else {}),  # absent at tensor_parallel 1
+            **({"model": self.model} if self.model else {}),
         }
 
     @classmethod

@@ -6,6 +6,8 @@ random weights. A workload may override any architecture field to scale the mode
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from dataclasses import dataclass, field
 
 # Short names users write in workloads, mapped to the transformers config field.
@@ -32,6 +34,14 @@ class Preset:
     # top-level overrides apply there; the towers are overridden through `vision` / `high_res_vision`.
     text_key: str | None = None
     image_tokens: int = 0  # per image at the published resolution (576 for DeepSeek-VL)
+    config_digest: str | None = None  # a user's config.json (from_config): its content's digest
+
+    @property
+    def identity(self) -> dict:
+        """What the report says the model is: the preset, or the config file, its model_type and digest."""
+        key = "config" if self.config_digest else "preset"
+        return {key: self.name, "model_type": self.model_type,
+                **({"config_digest": self.config_digest} if self.config_digest else {})}
 
     def text_config(self, config: dict) -> dict:
         return config[self.text_key] if self.text_key else config
@@ -39,7 +49,7 @@ class Preset:
     def fields(self) -> set[str]:
         names = set(self.text_config(self.config)) | set(ALIASES)
         if self.text_key:
-            names |= {"vision", "high_res_vision"}
+            names |= {key for key in ("vision", "high_res_vision") if f"{key}_config" in self.config}
         return names - {"model_type", "rope_parameters"}
 
     def resolve(self, overrides: dict) -> dict:
@@ -65,10 +75,40 @@ class Preset:
 
     def tokens_per_image(self, config: dict) -> int:
         """Image tokens one image becomes in the sequence: the low-resolution tower's patch grid."""
-        if not self.text_key:
+        if not self.text_key or not self.image_tokens:  # a user's other vision-language configs: text only
             return 0
         vision = config["vision_config"]
         return (vision["image_size"] // vision["patch_size"]) ** 2
+
+
+# Keys of a model repository's config.json that describe the checkpoint, not the architecture: the
+# workload's model.dtype decides the dtype, and the weights are random anyway.
+CHECKPOINT_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
+
+
+def from_config(data, name: str) -> Preset:
+    """A user's model from the config.json of a Hugging Face model repository, built like a preset.
+    Raises ValueError naming what is wrong with it."""
+    if not isinstance(data, dict):
+        raise ValueError("a config.json is a JSON object")
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str):
+        raise ValueError("has no model_type (the architecture's name in transformers, e.g. llama)")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise ValueError(f"model_type {model_type!r} is not an architecture this transformers knows "
+                         "(models with remote code are not run)")
+    if "quantization_config" in data:
+        raise ValueError("quantization_config: quantized checkpoints are not supported (weights are random)")
+    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    config = {k: v for k, v in data.items() if k not in CHECKPOINT_KEYS}
+    vision = isinstance(config.get("text_config"), dict) and isinstance(config.get("vision_config"), dict)
+    family = "vision-language" if vision else "mla-moe" if config.get("kv_lora_rank") else "dense"
+    # Vision-language configs other than DeepSeek-VL's run text only (the seeded pixels are DeepSeek-VL's).
+    image_tokens = PRESETS["deepseek-vl-7b"].image_tokens if model_type == "deepseek_vl_hybrid" else 0
+    return Preset(name, model_type, family, config, text_key="text_config" if vision else None,
+                  image_tokens=image_tokens, config_digest=digest)
 
 
 PRESETS: dict[str, Preset] = {}

@@ -9,11 +9,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field
 
 from . import rules, yamlfile
-from .presets import ALIASES, PRESETS, Preset
+from .presets import ALIASES, PRESETS, Preset, from_config
 
 TOP_KEYS = {"name", "description", "model", "requests", "stacks", "thresholds", "rounds", "engine", "profiles",
             "tensor_parallel"}
@@ -23,7 +24,7 @@ REQUEST_KEYS = {"count", "prompt_tokens", "max_new_tokens", "images", "arrival_s
 TOKEN_PATTERNS = ("random", "repeated")
 ENGINE_KEYS = {"block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens",
                "gpu_memory_utilization", "enforce_eager", "chunked_prefill", "num_blocks"}
-MODEL_META = {"preset", "dtype", "seed"}
+MODEL_META = {"preset", "config", "dtype", "seed"}
 FULL = "full"  # the profile name of the workload as written (the published architecture)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -85,6 +86,8 @@ class Workload:
         what = {"preset": self.preset.name, "overrides": self.overrides, "dtype": self.dtype, "seed": self.seed,
                 "requests": [asdict(r) for r in self.requests], "rounds": self.rounds, "engine": self.engine,
                 "tensor_parallel": self.tensor_parallel}
+        if self.preset.config_digest:  # a user's config.json: what it says, not where it lies
+            what["preset"] = {"model_type": self.preset.model_type, "config": self.preset.config_digest}
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -154,7 +157,7 @@ def _parse(doc, at: str, raw, profile, known_stacks, default_rules) -> Workload:
     name = _require(raw, "name", str, err)
     if not NAME.match(name):
         raise err("name", f"{name!r}: use letters, digits, '.', '_' and '-' (it names baseline files)")
-    preset, overrides, dtype, seed = _parse_model(raw, err)
+    preset, overrides, dtype, seed = _parse_model(raw, err, os.path.dirname(doc.path))
     requests = _parse_requests(raw, preset, overrides, err)
     stacks = raw.get("stacks", ["hf"])
     if not isinstance(stacks, list) or not stacks or not all(isinstance(s, str) for s in stacks):
@@ -186,12 +189,38 @@ def _parse(doc, at: str, raw, profile, known_stacks, default_rules) -> Workload:
     )
 
 
-def _parse_model(raw, err):
+def _model_config(model: dict, doc_dir: str, err) -> Preset:
+    """`model: {config: path/to/config.json}`: a Hugging Face config.json, relative to the workload file."""
+    if "preset" in model:
+        raise err("model.config", "give a preset or a config, not both")
+    rel = model["config"]
+    if not isinstance(rel, str) or not rel:
+        raise err("model.config", f"must be the path of a config.json, got {rel!r}")
+    path = os.path.join(doc_dir, rel)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise err("model.config", f"cannot read {path}: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise err("model.config", f"{path} is not JSON: {e}") from None
+    try:
+        return from_config(data, rel)
+    except ValueError as e:
+        raise err("model.config", f"{path}: {e}") from None
+
+
+def _parse_model(raw, err, doc_dir: str = "."):
     model = _require(raw, "model", dict, err)
-    preset_name = _require(model, "preset", str, lambda f, m: err(f"model.{f}", m))
-    if preset_name not in PRESETS:
-        raise err("model.preset", f"unknown preset {preset_name!r}; known: {', '.join(sorted(PRESETS))}")
-    preset = PRESETS[preset_name]
+    if "config" in model:
+        preset = _model_config(model, doc_dir, err)
+    else:
+        preset_name = _require(model, "preset", str, lambda f, m: err(f"model.{f}", m))
+        if preset_name not in PRESETS:
+            raise err("model.preset", f"unknown preset {preset_name!r}; known: {', '.join(sorted(PRESETS))}; "
+                                      "or name any model by its config.json (model.config)")
+        preset = PRESETS[preset_name]
+    preset_name = preset.name
     dtype = model.get("dtype", "auto")
     if dtype not in DTYPES:
         raise err("model.dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -201,7 +230,8 @@ def _parse_model(raw, err):
     base = preset.text_config(preset.config)
     for key, value in overrides.items():
         if key not in fields:
-            raise err(f"model.{key}", f"not an architecture field of preset {preset_name!r}")
+            raise err(f"model.{key}", f"not an architecture field of {'config' if preset.config_digest else 'preset'} "
+                                      f"{preset_name!r}")
         if key in ("vision", "high_res_vision"):
             if not isinstance(value, dict):
                 raise err(f"model.{key}", "must be a mapping of the tower's config fields")
@@ -216,7 +246,7 @@ def _parse_model(raw, err):
     heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
     if heads and kv and heads % kv:
         raise err("model", f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")
-    if preset.family == "dense" and "head_dim" not in config and config["hidden_size"] % heads:
+    if preset.family == "dense" and heads and "head_dim" not in config and config.get("hidden_size", 0) % heads:
         raise err("model", f"hidden_size ({config['hidden_size']}) must be a multiple of num_attention_heads ({heads})")
     experts, per_token = config.get("n_routed_experts"), config.get("num_experts_per_tok")
     if experts and per_token and per_token > experts:

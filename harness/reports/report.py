@@ -98,7 +98,7 @@ class Report:
 
 
 _MEASUREMENT_FIELDS = ("workload", "stack", "file", "profile", "scaled", "digest", "metrics", "floors", "environment",
-                       "timeline", "artifacts", "notes", "error", "skipped", "rounds", "ranks")
+                       "timeline", "artifacts", "notes", "error", "skipped", "rounds", "ranks", "model")
 
 
 CHECK_STATUSES = ("pass", "regressed", "improved", "new", "not_measured", "not_compared")
@@ -134,7 +134,7 @@ def _validate(data: dict) -> None:
             raise ValueError(f"ranks[{i}] is not a mapping of an integer rank and its metrics")
         for name, value in rank["metrics"].items():
             _number(value, f"rank metric {str(name)[:40]!r}")
-    for key in ("environment", "artifacts"):
+    for key in ("environment", "artifacts", "model"):
         if not isinstance(data.get(key) or {}, dict):
             raise ValueError(f"{key} is not a mapping")
     for key in ("incomparable_fields", "compared_across"):

@@ -81,6 +81,8 @@ def architecture(workload) -> str:
 
     names = (auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES if workload.preset.family == "vision-language"
              else auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    if workload.preset.model_type not in names:  # a user's config.json of a model type with no causal LM
+        raise StackUnavailable(f"transformers maps no generating model class to {workload.preset.model_type!r}")
     return names[workload.preset.model_type]
 
 

@@ -9,6 +9,11 @@ DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's default token budget with chunked prefill
 
 
+# Decoder layouts the paged model implements (transformers model_type of the language model): q/k/v/o and
+# gate/up/down projections, RMSNorm, rotary positions; DeepSeek's MLA and MoE.
+IMPLEMENTED = ("llama", "mistral", "qwen2", "deepseek_v2", "deepseek_v3")
+
+
 @dataclass
 class ModelSpec:
     model_type: str
@@ -61,6 +66,9 @@ class ModelSpec:
     @classmethod
     def from_hf(cls, config) -> "ModelSpec":
         c = config.get_text_config()
+        if c.model_type not in IMPLEMENTED:
+            raise ValueError(f"the paged stack implements the {', '.join(IMPLEMENTED)} architectures, "
+                             f"not {c.model_type}")
         if getattr(c, "hidden_act", "silu") != "silu":
             raise ValueError(f"the paged stack implements SiLU-gated MLPs, not {c.hidden_act!r}")
         heads = c.num_attention_heads

@@ -27,12 +27,23 @@ class PagedStack(Stack):
             if not all(hasattr(models, f) for f in ("image_pixels", "sequence_ids")):
                 raise StackUnavailable("image requests need the harness's seeded image inputs "
                                        "(harness.models.image_pixels / sequence_ids), absent from this checkout")
+        from ...models import hf_config
+        from .config import ModelSpec
+
+        config = hf_config(workload)
+        try:  # a user's config.json may name an architecture this engine does not implement
+            spec = ModelSpec.from_hf(config)
+        except ValueError as e:
+            raise StackUnavailable(str(e)) from None
+        window = getattr(config.get_text_config(), "sliding_window", None)
+        longest = max(r.prompt_tokens + r.max_new_tokens for r in workload.requests)
+        if window and getattr(config.get_text_config(), "use_sliding_window", True) and window < longest:
+            raise StackUnavailable(f"the paged stack does not implement sliding-window attention "
+                                   f"(sliding_window {window} < {longest} tokens of the longest request)")
         if workload.tensor_parallel > 1:  # one process per rank (harness.tensor_parallel), dense decoders
-            from ...models import hf_config
-            from .config import ModelSpec
             from .parallel import check
 
-            check(workload, ModelSpec.from_hf(hf_config(workload)), device)
+            check(workload, spec, device)
         if getattr(device, "type", device) == "cuda":
             try:
                 import triton  # noqa: F401
