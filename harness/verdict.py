@@ -32,7 +32,7 @@ class ItemResult:
     updated: list[str] | None = None  # changes applied when this run refreshed the baseline
     strict: bool = False  # --memcheck-strict: a `new` item fails too
     compared_across: list[str] = field(default_factory=list)  # software versions judged across: 'torch 2.12 -> 2.13'
-    rule_set: dict[str, rules.Rule] = field(default_factory=dict)  # the rules judged by (`memcheck compare` reuses them)
+    rule_set: dict[str, rules.Rule] = field(default_factory=dict)  # judged by these (`memcheck compare` reuses them)
 
     @property
     def id(self) -> str:

@@ -66,7 +66,8 @@ def test_overrides_scale_a_config_as_a_preset(tmp_path):
     ({"config": "llama.json", "preset": "deepseek-v3"}, r"model.config: give a preset or a config, not both"),
     ({"config": "notype.json"}, r"model.config: .*notype.json: has no model_type"),
     ({"config": "alien.json"}, r"model.config: .*alien.json: model_type 'alien' is not an architecture"),
-    ({"config": "llama.json", "kv_lora_rank": 4}, r"model.kv_lora_rank: not an architecture field of config 'llama.json'"),
+    ({"config": "llama.json", "kv_lora_rank": 4},
+     r"model.kv_lora_rank: not an architecture field of config 'llama.json'"),
 ])
 def test_bad_configs_are_one_line_errors_naming_the_field(tmp_path, model, message):
     (tmp_path / "notype.json").write_text('{"hidden_size": 8}')

@@ -8,6 +8,7 @@ import reportfactory as f
 from harness.cli import main
 from harness.errors import UsageError
 from harness.reports.report import Report, merge
+from harness.verdict import judge
 
 
 def test_round_trip_is_exact(tmp_path):
@@ -90,3 +91,27 @@ def test_a_tampered_report_is_refused_in_one_line(tmp_path, field, value, messag
     path.write_text(json.dumps(data))
     with pytest.raises(UsageError, match="malformed item in memcheck report: " + re.escape(message)):
         Report.load(str(path))
+
+
+def test_compared_across_and_rules_round_trip_and_old_reports_stay_readable(tmp_path):
+    report = f.cpu_report()
+    item = report.items[0]
+    before = f.baseline(item.measurement, {"cpu.heap_alloc.peak": 1.0})
+    before.environment["transformers"] = "5.16.0"
+    judged = judge(item.measurement, f.rules(), before)
+    assert judged.compared_across == [f"transformers 5.16.0 -> {item.measurement.environment['transformers']}"]
+    report.items = [judged]
+    data = json.loads(open(f.write(report, tmp_path / "r.json")).read())
+    assert data["items"][0]["compared_across"] == judged.compared_across
+    assert data["items"][0]["rules"]["cpu.heap_alloc.peak"]["relative"] == 0.02
+    back = Report.load(str(tmp_path / "r.json")).items[0]
+    assert back.compared_across == judged.compared_across and back.rule_set == judged.rule_set
+    for key in ("compared_across", "rules"):  # a report of an earlier memcheck has neither
+        del data["items"][0][key]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = Report.load(str(tmp_path / "old.json")).items[0]
+    assert old.compared_across == [] and old.rule_set == {}
+    data["items"][0]["rules"] = {"cpu.heap_alloc.peak": {"relative": "2%"}}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=r"bad.json: malformed item .*rule cpu.heap_alloc.peak.relative is str"):
+        Report.load(str(tmp_path / "bad.json"))
