@@ -8,7 +8,7 @@ are compared across and named.
 The rules are AFTER's: the rules the AFTER run judged its items by, stored in its report. A report
 written before reports carried rules is judged by the rules resolved as that run resolved them: its
 workload file (the path in the report) under its profile, over the project's [tool.memcheck] defaults
-read from the current directory.
+read from the current directory. Fields the project makes strict (strict_environment) are read there too.
 """
 from __future__ import annotations
 

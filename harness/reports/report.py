@@ -1,7 +1,10 @@
 """The session report: every item's result plus the environment, and the JSON that other tools read.
 
 JSON schema `memcheck.report/1`: {schema, created, profile, environment, summary: {verdict: count},
-failed, items: [ItemResult.to_json()]}. `memcheck comment` and `memcheck merge` read this file.
+failed, items: [ItemResult.to_json()]}. `memcheck comment`, `merge` and `compare` read this file.
+Items gained optional fields without a schema bump (older reports lack them and stay readable, older
+readers ignore them): `compared_across` (software versions judged across), `rules` (the rules judged by,
+for `memcheck compare`), `model` (preset or config.json, model_type, config digest).
 """
 from __future__ import annotations
 
