@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from . import environment, rules
 from .baselines import Baseline
 from .measurement import Measurement
+from .metrics.catalog import reported_by
 from .metrics.value import MetricValue
 
 FAILING = ("regressed", "error")
@@ -86,6 +87,8 @@ def judge(m: Measurement, rule_set: dict[str, rules.Rule], baseline: Baseline | 
             result.compared_across = environment.software_changes(baseline.environment, m.environment, m.stack,
                                                                    strict_environment)
     for metric, rule in sorted(rule_set.items()):
+        if metric not in m.metrics and not reported_by(metric, m.stack):
+            continue  # another stack's metric (vllm.*): not a gap in this item
         now = m.metrics.get(metric, MetricValue.null("not reported"))
         base = comparable.metrics.get(metric) if comparable else None
         result.checks.append(rules.evaluate(rule, now, base))

@@ -14,6 +14,9 @@ class MetricSpec:
     # Bumped when the way it is measured changes: a baseline of an earlier revision is not compared.
     revision: int = 1
     revised: str = ""  # what changed at the last revision, for the report
+    # Reported only by these stacks (empty: by every item): an item of another stack that does not report
+    # it is not judged for it, rather than listed as not measured.
+    stacks: tuple[str, ...] = ()
 
 
 _SPECS = [
@@ -25,11 +28,27 @@ _SPECS = [
     MetricSpec("gpu.alloc_retries", "count", "allocator frees-and-retries (cudaMalloc failed, cache flushed, retried)"),
     MetricSpec("gpu.ooms", "count", "out-of-memory events raised by the allocator"),
     MetricSpec("cpu.heap_alloc.peak", "bytes", "peak bytes of live torch CPU tensors, weights included (profiler memory events)"),
-    MetricSpec("kv.bytes.peak", "bytes", "peak KV-cache bytes reserved by the stack"),
+    MetricSpec("kv.bytes.peak", "bytes", "peak KV-cache bytes held for the running requests (blocks in use x "
+               "bytes per block; a dense cache's tensors)",
+               revision=2, revised="revision 1 counted vLLM's whole reserved block pool for vllm items"),
     MetricSpec("kv.live_bytes.peak", "bytes", "peak KV-cache bytes holding live tokens"),
-    MetricSpec("kv.waste.peak", "ratio", "1 - live/reserved KV bytes at the reserved peak"),
+    MetricSpec("kv.waste.peak", "ratio", "1 - live/held KV bytes at the held peak",
+               revision=2, revised="revision 1 divided by vLLM's whole reserved block pool for vllm items"),
+    MetricSpec("kv.pool_bytes", "bytes", "KV-cache bytes the engine reserved as its block pool when it started",
+               stacks=("vllm",)),
+    MetricSpec("kv.capacity_blocks", "count", "KV blocks the engine's pool has for requests", lower_is_worse=True,
+               stacks=("vllm",)),
+    MetricSpec("kv.max_concurrency", "count", "requests of max_model_len tokens the KV pool holds at once (vLLM's "
+               "kv_cache_max_concurrency)", lower_is_worse=True, stacks=("vllm",)),
     MetricSpec("kv.blocks_unreclaimed", "count", "KV blocks still held by finished sequences at the end"),
     MetricSpec("kv.page_footprint", "count", "distinct 2 MiB pages the KV reads of one decode step touch (max over steps)"),
+    MetricSpec("vllm.weights", "bytes", "device memory loading the weights took (vLLM's model_memory_usage)",
+               stacks=("vllm",)),
+    MetricSpec("vllm.activation.peak", "bytes", "torch allocator peak of vLLM's profile run above what it held "
+               "before (MemoryProfilingResult.torch_peak_increase): activations", stacks=("vllm",)),
+    MetricSpec("vllm.non_torch.increase", "bytes", "device memory outside torch's allocator from the worker's "
+               "start to after the profile (MemoryProfilingResult.non_torch_increase)", stacks=("vllm",)),
+    MetricSpec("vllm.cuda_graph.pool", "bytes", "device memory vLLM's CUDA graph capture took", stacks=("vllm",)),
     MetricSpec("host.heap_alloc.peak", "bytes", "peak Python heap during the run (tracemalloc)"),
     MetricSpec("host.rss.peak", "bytes", "peak resident set of the workload's process less its file-backed "
                "pages (VmHWM - RssFile): the anonymous + shared memory it held",
@@ -48,3 +67,9 @@ METRICS: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
 
 def spec(name: str) -> MetricSpec:
     return METRICS[name]
+
+
+def reported_by(name: str, stack: str) -> bool:
+    """Whether items of `stack` are expected to report the metric."""
+    stacks = METRICS[name].stacks
+    return not stacks or stack in stacks

@@ -17,6 +17,7 @@ import jinja2
 from .. import units
 from ..floors import describe as describe_floors
 from ..metrics.catalog import METRICS
+from .engine_profile import describe as describe_engine_profile
 from .ranks import rank_columns
 
 MARKER = "<!-- memcheck-report -->"  # finds our comment again on the merge request
@@ -87,8 +88,9 @@ def environment(loader_pkg: str = "harness") -> jinja2.Environment:
                              undefined=jinja2.ChainableUndefined)
     env.filters.update(md=md_escape, code=code_span, h=html_text, value=_value, bytes=units.format_bytes,
                        percent=units.format_percent)
-    env.globals.update(describe_floors=describe_floors, ICONS=ICONS, MARKER=MARKER, METRICS=METRICS,
-                       MEMORY_VIZ=MEMORY_VIZ, split_checks=split_checks, rank_columns=rank_columns)
+    env.globals.update(describe_floors=describe_floors, describe_engine_profile=describe_engine_profile, ICONS=ICONS,
+                       MARKER=MARKER, METRICS=METRICS, MEMORY_VIZ=MEMORY_VIZ, split_checks=split_checks,
+                       rank_columns=rank_columns)
     return env
 
 

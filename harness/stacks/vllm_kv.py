@@ -5,12 +5,17 @@ blocks are allocated and every scheduled request's `num_computed_tokens` already
 whose KV this forward writes. (After the step, `update_from_output` frees finished requests' blocks,
 so reading there would miss each request's last, largest state.)
 
-- reserved bytes: the bytes of the engine's allocated KV tensors (unique storages of the per-layer
-  views the model runner binds): vLLM reserves its whole block pool when the engine starts.
-- live bytes: tokens whose KV is stored (sum of `num_computed_tokens` of the scheduler's running
-  requests) x bytes per token (each KV-cache group's page bytes / block size x its layers).
+- pool bytes (kv.pool_bytes): the bytes of the engine's allocated KV tensors (unique storages of the
+  per-layer views the model runner binds): vLLM reserves its whole block pool when the engine starts.
 - blocks in use / unreclaimed: the block pool's own count (`num_gpu_blocks - 1 - free`, the null
   block excluded), the same figure vLLM's `kv_cache_usage` stat is made of.
+- held bytes (kv.bytes.peak): blocks in use x bytes per block (pool bytes / blocks), as for the
+  other stacks: what the workload's requests hold, whatever pool vLLM reserved around them.
+- live bytes: tokens whose KV is stored (sum of `num_computed_tokens` of the scheduler's running
+  requests) x bytes per token (each KV-cache group's page bytes / block size x its layers).
+- capacity: the pool's blocks for requests (the null block excluded) and vLLM's own
+  `kv_cache_max_concurrency`: requests of max_model_len tokens (the workload's longest request
+  unless the workload sets max_model_len) the pool holds at once.
 - page footprint: distinct 2 MiB pages spanned by the blocks in the scheduled requests' block tables,
   in every layer's KV view (data pointers and strides of the real tensors).
 """
@@ -70,6 +75,7 @@ class EngineKV:
         import torch
 
         self.scheduler = core.scheduler
+        self.max_concurrency = core.vllm_config.cache_config.kv_cache_max_concurrency
         self.manager = self.scheduler.kv_cache_manager
         self.pool = self.manager.block_pool
         self.probe = probe
@@ -96,6 +102,7 @@ class EngineKV:
         self.reserved = sum(storages.values())
         self.steps = 0
         self.live_peak = self.blocks_peak = self.footprint = 0
+        self.waste_at_peak = 0.0
         self.step_t: list[float] = []
 
     def watch(self) -> None:
@@ -112,6 +119,9 @@ class EngineKV:
     def blocks_used(self) -> int:
         return self.num_blocks - 1 - self.pool.get_num_free_blocks()  # block 0 is vLLM's null block
 
+    def held_bytes(self, blocks: int) -> int:
+        return blocks * self.reserved // self.num_blocks
+
     def observe(self, output) -> None:
         import torch
 
@@ -120,7 +130,10 @@ class EngineKV:
         self.steps += 1
         live = sum(r.num_computed_tokens for r in self.scheduler.running) * self.token_bytes
         used = self.blocks_used()
-        self.live_peak, self.blocks_peak = max(self.live_peak, live), max(self.blocks_peak, used)
+        held = self.held_bytes(used)
+        if held and used >= self.blocks_peak:
+            self.blocks_peak, self.waste_at_peak = used, 1 - live / held
+        self.live_peak = max(self.live_peak, live)
         tables = [self.manager.get_block_ids(req_id) for req_id in output.num_scheduled_tokens]
         pages = []
         for group_id, layer in self.layers:
@@ -130,24 +143,31 @@ class EngineKV:
         if pages:
             self.footprint = max(self.footprint, int(torch.unique(torch.cat(pages)).numel()))
         self.step_t.append(time.perf_counter())
-        self.probe.step(self.steps, **{"kv.bytes": self.reserved, "kv.live_bytes": live, "kv.blocks_used": used})
+        self.probe.step(self.steps, **{"kv.bytes": held, "kv.live_bytes": live, "kv.blocks_used": used})
 
     def metrics(self) -> dict[str, MetricValue]:
         if not self.reserved:
             reason = "the vLLM model runner bound no KV tensors"
             out = {k: MetricValue.null(reason) for k in ("kv.bytes.peak", "kv.live_bytes.peak", "kv.waste.peak",
-                                                         "kv.page_footprint")}
+                                                         "kv.page_footprint", "kv.pool_bytes")}
         else:
             out = {
-                "kv.bytes.peak": MetricValue(self.reserved, detail=f"vLLM's KV tensors: {self.num_blocks} blocks "
-                                                                   "reserved when the engine started"),
+                "kv.bytes.peak": MetricValue(self.held_bytes(self.blocks_peak),
+                                             detail=f"vLLM block pool: {self.blocks_peak} blocks in use at the peak "
+                                                    "x bytes per block"),
                 "kv.live_bytes.peak": MetricValue(self.live_peak,
                                                   detail="scheduler's computed tokens x bytes per token"),
-                "kv.waste.peak": MetricValue(1 - self.live_peak / self.reserved,
-                                             detail="1 - live/reserved at the live peak (the pool is reserved whole)"),
+                "kv.waste.peak": MetricValue(self.waste_at_peak, detail="1 - live/held at the held peak"),
                 "kv.page_footprint": MetricValue(self.footprint, detail="2 MiB pages spanned by the scheduled "
                                                                         "requests' blocks, all layers"),
+                "kv.pool_bytes": MetricValue(self.reserved, detail=f"vLLM's KV tensors: {self.num_blocks} blocks "
+                                                                   "reserved when the engine started"),
             }
         out["kv.blocks_unreclaimed"] = MetricValue(self.blocks_used(), detail="vLLM block pool: blocks not free "
                                                                               "after every request finished")
+        out["kv.capacity_blocks"] = MetricValue(self.num_blocks - 1, detail="vLLM block pool, its null block "
+                                                                            "excluded")
+        out["kv.max_concurrency"] = (
+            MetricValue(self.max_concurrency, detail="vLLM's kv_cache_max_concurrency at max_model_len")
+            if self.max_concurrency is not None else MetricValue.null("vLLM did not resolve its KV capacity"))
         return out

