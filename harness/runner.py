@@ -13,7 +13,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from . import tensor_parallel
+from . import stacks, tensor_parallel
 from .baselines import BaselineStore
 from .errors import UsageError
 from .measurement import Measurement
@@ -68,7 +68,8 @@ def _measure_in_worker(workload, stack: str, s: Settings) -> Measurement:
     fd, out = tempfile.mkstemp(prefix="memcheck-", suffix=".json")
     os.close(fd)
     cmd = _worker_command(workload, stack, s, out)
-    m = Measurement(workload.name, stack, workload.path, workload.profile, workload.scaled, workload.digest())
+    m = Measurement(workload.name, stack, workload.path, workload.profile, workload.scaled,
+                    workload.digest(stacks.split(stack)[1]))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.timeout_s, env=env)
         if os.path.getsize(out):
@@ -84,8 +85,6 @@ def _measure_in_worker(workload, stack: str, s: Settings) -> Measurement:
 
 def _python(stack: str, rootdir: str) -> str:
     """The worker's interpreter: the stack's own environment where it names one (vLLM's), else this one."""
-    from . import stacks
-
     try:
         return getattr(stacks.load(stack), "worker_python", lambda _: None)(rootdir) or sys.executable
     except Exception:  # noqa: BLE001 - a stack that cannot even load reports why from inside the worker
