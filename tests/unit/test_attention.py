@@ -123,3 +123,17 @@ def test_vllm_cpu_skips_a_gpu_backend_rather_than_run_its_own_under_that_name(tm
     w = load(tmp_path, "[vllm]", "engine: {attention_backend: FLASHINFER}")
     with pytest.raises(stacks.StackUnavailable, match="FLASHINFER needs a GPU runner: vllm-cpu runs CPU_ATTN"):
         VLLMStack.check(w, CPU)
+
+
+def test_a_missing_implementation_is_skipped_before_any_worker_starts(tmp_path, monkeypatch):
+    if hf_attention.flash_attn_version() is not None:
+        pytest.skip("flash-attn is installed here")
+    w = load(tmp_path, "['hf:flash_attention_2']")
+
+    def no_worker(*args, **kwargs):
+        raise AssertionError("a worker was started for an item that cannot run here")
+
+    monkeypatch.setattr("harness.runner.subprocess.run", no_worker)
+    result = run_item(w, "hf:flash_attention_2", Settings(baselines=str(tmp_path / "b"), device="cpu"))
+    assert result.verdict == "skipped" and result.reason.startswith("flash-attn is not installed")
+    assert result.measurement.digest == w.digest("flash_attention_2")
