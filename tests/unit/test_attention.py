@@ -113,6 +113,7 @@ def test_eager_runs_eager_and_is_judged_against_its_own_baseline(tmp_path):
 def test_vllm_attention_backend_is_an_engine_setting(tmp_path):
     w = load(tmp_path, "[vllm]", "engine: {attention_backend: FLASH_ATTN}")
     assert w.engine == {"attention_backend": "FLASH_ATTN"}
+    assert VLLMStack(w, CPU).engine_args(w.model_config())["attention_backend"] == "FLASH_ATTN"  # vLLM's own arg
     assert w.digest() != load(tmp_path, "[vllm]").digest()
     with pytest.raises(UsageError, match="engine.attention_backend: must be a vLLM attention backend name"):
         load(tmp_path, "[vllm]", "engine: {attention_backend: flash-attn}")

@@ -23,7 +23,8 @@ from harness.stacks.hf_attention import ATTENTIONS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMA = json.loads(workload.schema_text())
 DEFS = SCHEMA["definitions"]
-SUITES = sorted(glob.glob(os.path.join(ROOT, "suites", "*.yaml")))
+SUITES = sorted(glob.glob(os.path.join(ROOT, "suites", "*.yaml")) +
+                glob.glob(os.path.join(ROOT, "benchmarks", "workloads", "*.yaml")))
 CHECK_JSONSCHEMA = os.path.join(os.path.dirname(sys.executable), "check-jsonschema")
 
 
