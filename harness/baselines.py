@@ -35,7 +35,9 @@ class BaselineStore:
         self.root = Path(root)
 
     def path(self, device_class: str, workload: str, stack: str) -> Path:
-        return self.root / device_class / workload / f"{stack}.json"
+        # An attention variant's file is `hf+flash_attention_2.json`: a ':' is refused by CI artifact uploads
+        # and by Windows checkouts.
+        return self.root / device_class / workload / f"{stack.replace(':', '+')}.json"
 
     def load(self, device_class: str, workload: str, stack: str) -> Baseline | None:
         path = self.path(device_class, workload, stack)

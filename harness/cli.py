@@ -80,6 +80,8 @@ def _add_report_commands(sub) -> None:
                         help="github-action-benchmark customSmallerIsBetter JSON (memory and time metrics)")
     export.add_argument("--benchmark-json-bigger", metavar="FILE.json",
                         help="github-action-benchmark customBiggerIsBetter JSON (throughput)")
+    export.add_argument("--pytest-benchmark", metavar="FILE.json",
+                        help="pytest-benchmark's JSON (memory and time metrics), for pytest-benchmark compare")
     export.add_argument("--bencher", metavar="FILE.json", help="Bencher Metric Format JSON")
     export.add_argument("--device-class", metavar="NAME", help="the device class to export to Bencher when the "
                                                                "report holds several")
@@ -151,7 +153,8 @@ def _run_report_command(ns) -> int:
             written = exports.write(report, html=ns.html, markdown=ns.markdown, openmetrics_path=ns.openmetrics,
                                     benchmark=ns.benchmark_json, benchmark_bigger=ns.benchmark_json_bigger,
                                     bencher_path=ns.bencher, bencher_device_class=ns.device_class,
-                                    step_summary=ns.github_summary, artifact_url=ns.artifact_url)
+                                    step_summary=ns.github_summary, artifact_url=ns.artifact_url,
+                                    pytest_benchmark_path=ns.pytest_benchmark)
             if ns.github_summary and not os.environ.get("GITHUB_STEP_SUMMARY"):
                 return _error("--github-summary: GITHUB_STEP_SUMMARY is not set (not in a GitHub Actions job)")
             print("memcheck export: wrote " + (", ".join(written) if written else "nothing (no format chosen)"))
@@ -179,11 +182,17 @@ def main(argv=None) -> int:
     _common(refresh)
     _add_report_commands(sub)
     _add_compare_command(sub)
+    sub.add_parser("schema", help="print the JSON Schema of workload files (for editors and check-jsonschema)")
     ns = parser.parse_args(argv)
     if ns.command == "compare":
         return _run_compare(ns)
     if ns.command in ("comment", "merge", "export"):
         return _run_report_command(ns)
+    if ns.command == "schema":
+        from .workload import schema_text
+
+        sys.stdout.write(schema_text())
+        return 0
     args = _forward(ns)
     if ns.command == "run":
         return _pytest(args + (["--memcheck-strict"] if ns.strict else []))

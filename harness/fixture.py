@@ -1,6 +1,9 @@
 """The `memcheck` fixture and `@pytest.mark.memcheck`: measure a block of Python code with the same
 collectors, rules and baselines as a workload. The item's baseline is stored under the stack name
-`python`. Without --memcheck the block is still measured, but nothing is compared or failed."""
+`python`. Without --memcheck the block is still measured, but nothing is compared or failed.
+
+A test that also uses pytest-benchmark's `benchmark` fixture gets the measured metrics in `benchmark.extra_info`
+(`memcheck.<metric>`, and `memcheck.verdict` under --memcheck), saved beside its timings."""
 from __future__ import annotations
 
 import hashlib
@@ -61,7 +64,24 @@ class BlockMeter:
         self.measurement = m
         if exc_type is None:
             self._judge()
+        self._to_benchmark()
+        if self.result is not None and self.result.failed:
+            pytest.fail(f"{self.result.id}: {self.result.verdict}: {self.result.reason}", pytrace=False)
         return False
+
+    def _to_benchmark(self) -> None:
+        """Into pytest-benchmark's extra_info, which --benchmark-json and --benchmark-autosave save with the
+        timings (null metrics are left out, as in every export)."""
+        if "benchmark" not in self.request.fixturenames:
+            return
+        extra = getattr(self.request.getfixturevalue("benchmark"), "extra_info", None)
+        if not isinstance(extra, dict):  # a `benchmark` fixture that is not pytest-benchmark's
+            return
+        for name, metric in sorted(self.measurement.metrics.items()):
+            if metric.value is not None:
+                extra[f"memcheck.{name}"] = metric.value
+        if self.result is not None:
+            extra["memcheck.verdict"] = self.result.verdict
 
     def _judge(self) -> None:
         session = self.request.config.stash.get(_session_key(), None)
@@ -78,8 +98,6 @@ class BlockMeter:
                 rule_set[metric] = rule
         self.result = judge_item(m, rule_set, session.settings)
         session.report.items.append(self.result)
-        if self.result.failed:
-            pytest.fail(f"{self.result.id}: {self.result.verdict}: {self.result.reason}", pytrace=False)
 
 
 def _session_key():

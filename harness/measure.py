@@ -26,16 +26,22 @@ def resolve_device(name: str = "auto"):
 
 
 def measure(workload, stack_name: str, device, options: CollectorOptions | None = None) -> Measurement:
-    m = Measurement(workload.name, stack_name, workload.path, workload.profile, workload.scaled, workload.digest())
+    attention = stacks.split(stack_name)[1]
+    m = Measurement(workload.name, stack_name, workload.path, workload.profile, workload.scaled,
+                    workload.digest(attention))
     m.environment = {**environment.fingerprint(device), "profile": workload.profile, "workload": m.digest}
     m.model = workload.preset.identity
     try:
         stack_cls = stacks.load(stack_name)
         stack_cls.check(workload, device)
+        if stack_cls.attentions:
+            attention = attention or stack_cls.attentions[0]
+            stack_cls.check_attention(attention, workload, device)
     except StackUnavailable as e:
         m.skipped = str(e)
         return m
     stack = stack_cls(workload, device)
+    stack.attention = attention
     collectors = Collectors(device, options)
     result = None
     collectors.start()

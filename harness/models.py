@@ -24,15 +24,22 @@ def hf_config(workload):
     return AutoConfig.for_model(model_type, **config)
 
 
-def build_hf_model(workload, device, attn_implementation: str = "sdpa"):
-    """The workload's model on `device`, weights drawn from the workload's seed, in eval mode."""
-    import torch
+def model_factory(workload):
+    """The transformers auto class that builds this workload's model."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if workload.preset.family == "vision-language" else AutoModelForCausalLM
+
+
+def build_hf_model(workload, device, attn_implementation: str | dict = "sdpa"):
+    """The workload's model on `device`, weights drawn from the workload's seed, in eval mode.
+    `attn_implementation`: one for the whole model, or one per sub-config ("" = the top level)."""
+    import torch
 
     config = hf_config(workload)
     config._attn_implementation = attn_implementation
     dtype = torch_dtype(workload, device)
-    factory = AutoModelForImageTextToText if workload.preset.family == "vision-language" else AutoModelForCausalLM
+    factory = model_factory(workload)
     torch.manual_seed(workload.seed)
     if getattr(device, "type", device) == "cuda":
         torch.cuda.manual_seed_all(workload.seed)

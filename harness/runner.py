@@ -13,9 +13,9 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from . import tensor_parallel
+from . import stacks, tensor_parallel
 from .baselines import BaselineStore
-from .errors import UsageError
+from .errors import StackUnavailable, UsageError
 from .measurement import Measurement
 from .metrics.value import MetricValue
 from .verdict import ItemResult, judge
@@ -37,6 +37,12 @@ class Settings:
 
 
 def measure_rounds(workload, stack: str, settings: Settings) -> Measurement:
+    missing = _attention_missing(workload, stack, settings.device)
+    if missing:  # skipped before any worker starts: a worker costs seconds of imports, on every CPU CI run
+        m = Measurement(workload.name, stack, workload.path, workload.profile, workload.scaled,
+                        workload.digest(stacks.split(stack)[1]))
+        m.skipped = missing
+        return m
     rounds = [_measure_in_worker(workload, stack, settings) for _ in range(workload.rounds)]
     first = rounds[0]
     failed = next((r for r in rounds if r.error or r.skipped), None)
@@ -46,6 +52,25 @@ def measure_rounds(workload, stack: str, settings: Settings) -> Measurement:
                      for name in first.metrics}
     first.rounds = len(rounds)
     return first
+
+
+def _attention_missing(workload, stack: str, device: str) -> str | None:
+    """Why the item's attention variant cannot run on this runner (flash-attn not installed...), or None. Only the
+    device's type is needed: no CUDA context is made in this process."""
+    attention = stacks.split(stack)[1]
+    if attention is None:
+        return None
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        stacks.load(stack).check_attention(attention, workload, torch.device(device))
+    except StackUnavailable as e:
+        return str(e)
+    except Exception:  # noqa: BLE001 - anything else is the worker's to report, as the item's error
+        return None
+    return None
 
 
 def _worker_command(workload, stack: str, s: Settings, out: str) -> list[str]:
@@ -69,7 +94,8 @@ def _measure_in_worker(workload, stack: str, s: Settings) -> Measurement:
     fd, out = tempfile.mkstemp(prefix="memcheck-", suffix=".json")
     os.close(fd)
     cmd = _worker_command(workload, stack, s, out)
-    m = Measurement(workload.name, stack, workload.path, workload.profile, workload.scaled, workload.digest())
+    m = Measurement(workload.name, stack, workload.path, workload.profile, workload.scaled,
+                    workload.digest(stacks.split(stack)[1]))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.timeout_s, env=env)
         if os.path.getsize(out):
@@ -85,8 +111,6 @@ def _measure_in_worker(workload, stack: str, s: Settings) -> Measurement:
 
 def _python(stack: str, rootdir: str) -> str:
     """The worker's interpreter: the stack's own environment where it names one (vLLM's), else this one."""
-    from . import stacks
-
     try:
         return getattr(stacks.load(stack), "worker_python", lambda _: None)(rootdir) or sys.executable
     except Exception:  # noqa: BLE001 - a stack that cannot even load reports why from inside the worker

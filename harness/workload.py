@@ -23,7 +23,9 @@ REQUEST_KEYS = {"count", "prompt_tokens", "max_new_tokens", "images", "arrival_s
 # experts in an MoE model: the skewed-routing case).
 TOKEN_PATTERNS = ("random", "repeated")
 ENGINE_KEYS = {"block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens",
-               "gpu_memory_utilization", "enforce_eager", "chunked_prefill", "num_blocks"}
+               "gpu_memory_utilization", "enforce_eager", "chunked_prefill", "num_blocks", "attention_backend"}
+# vLLM names its attention backends in capitals (FLASH_ATTN, FLASHINFER, FLASHMLA, TRITON_ATTN, CPU_ATTN, ...).
+ATTENTION_BACKEND = re.compile(r"^[A-Z][A-Z0-9_]*$")
 MODEL_META = {"preset", "config", "dtype", "seed"}
 FULL = "full"  # the profile name of the workload as written (the published architecture)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -32,6 +34,14 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 LIMITS = {"count": 100_000, "prompt_tokens": 1 << 20, "max_new_tokens": 1 << 20, "images": 64,
           "arrival_step": 1 << 20, "rounds": 100, "tensor_parallel": 64}
 MODEL_INT_LIMIT = 1 << 24
+SCHEMA_FILE = "workload.schema.json"  # for editors (yaml-language-server) and check-jsonschema: `memcheck schema`
+
+
+def schema_text() -> str:
+    """The JSON Schema of workload files, shipped beside this module (tests keep it in step with the loader)."""
+    from importlib.resources import files
+
+    return files(__package__).joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
 
 
 @dataclass
@@ -81,13 +91,14 @@ class Workload:
                for g in self.requests for _ in range(g.count)]
         return sorted(out, key=lambda r: r.arrival_step)
 
-    def digest(self) -> str:
-        """Identity of what the workload runs: a baseline recorded under another digest is incomparable."""
+    def digest(self, attention: str | None = None) -> str:
+        """Identity of what the workload runs: a baseline recorded under another digest is incomparable.
+        `attention`: the item's attention variant (`hf:eager`), so no other implementation's baseline matches."""
         what = {"preset": self.preset.name, "overrides": self.overrides, "dtype": self.dtype, "seed": self.seed,
                 "requests": [asdict(r) for r in self.requests], "rounds": self.rounds, "engine": self.engine,
                 "tensor_parallel": self.tensor_parallel}
-        if self.preset.config_digest:  # a user's config.json: what it says, not where it lies
-            what["preset"] = {"model_type": self.preset.model_type, "config": self.preset.config_digest}
+        if attention:  # absent for a plain stack entry: the digests of existing baselines stay as they were
+            what["attention"] = attention
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -163,8 +174,9 @@ def _parse(doc, at: str, raw, profile, known_stacks, default_rules) -> Workload:
     if not isinstance(stacks, list) or not stacks or not all(isinstance(s, str) for s in stacks):
         raise err("stacks", "must be a non-empty list of stack names, e.g. [hf, paged]")
     for i, stack in enumerate(stacks):
-        if stack not in known_stacks:
-            raise err(f"stacks[{i}]", f"unknown stack {stack!r}; known: {', '.join(sorted(known_stacks))}")
+        _check_stack(stack, known_stacks, lambda m, i=i: err(f"stacks[{i}]", m))
+        if stack in stacks[:i]:
+            raise err(f"stacks[{i}]", f"{stack!r} is listed twice")
     thresholds = dict(default_rules)
     raw_thresholds = raw.get("thresholds") or {}
     if not isinstance(raw_thresholds, dict):
@@ -288,6 +300,24 @@ def _parse_requests(raw, preset, overrides, err) -> list[RequestGroup]:
     return groups
 
 
+def _check_stack(entry: str, known_stacks, err) -> None:
+    """A `stacks:` entry: a known stack name, or NAME:ATTENTION with an attention implementation that stack runs."""
+    from . import stacks as registry
+
+    name, attention = registry.split(entry)
+    if name not in known_stacks:
+        raise err(f"unknown stack {name!r}; known: {', '.join(sorted(known_stacks))}")
+    if registry.SEPARATOR not in entry:
+        return
+    choices = registry.load(name).attentions
+    if not choices:
+        raise err(f"the {name} stack has no attention variants (write {name!r})")
+    if attention not in choices:
+        raise err(f"unknown attention implementation {attention!r} for the {name} stack; known: {', '.join(choices)}")
+    if attention == choices[0]:
+        raise err(f"{attention} is what plain {name!r} runs: write {name!r}")
+
+
 def _check_engine(engine: dict, err) -> None:
     """Engine settings a stack would otherwise reject mid-run: their types and ranges."""
     sub = lambda f, m: err(f"engine.{f}", m)  # noqa: E731
@@ -297,6 +327,9 @@ def _check_engine(engine: dict, err) -> None:
     for key in ("enforce_eager", "chunked_prefill"):
         if key in engine and not isinstance(engine[key], bool):
             raise sub(key, f"must be true or false, got {engine[key]!r}")
+    backend = engine.get("attention_backend")
+    if backend is not None and not (isinstance(backend, str) and ATTENTION_BACKEND.match(backend)):
+        raise sub("attention_backend", f"must be a vLLM attention backend name such as FLASH_ATTN, got {backend!r}")
     value = engine.get("gpu_memory_utilization")
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
         raise sub("gpu_memory_utilization", f"must be a fraction in (0, 1], got {value!r}")

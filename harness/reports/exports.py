@@ -6,6 +6,8 @@
   (tool `customSmallerIsBetter` for memory and time, `customBiggerIsBetter` for throughput).
 - Bencher Metric Format (BMF) JSON: {benchmark: {measure: {value, lower_value?, upper_value?}}}, for
   `bencher run --adapter json --file ...`; one device class per file (Bencher keeps them apart as testbeds).
+- pytest-benchmark's JSON (`--benchmark-json`): one benchmark per (item, memory or time metric), grouped by
+  metric, so `pytest-benchmark compare` and its histograms read memcheck runs beside timed ones.
 - The GitHub job summary: the Markdown report appended to $GITHUB_STEP_SUMMARY.
 
 A metric that was not measured (null) is left out of every export: never written as 0.
@@ -121,6 +123,61 @@ def bencher(report, device_class: str | None = None) -> dict:
     return out
 
 
+# -- pytest-benchmark ------------------------------------------------------------------------------------
+
+PYTEST_BENCHMARK_VERSION = "5.1.0"  # the JSON layout written (unchanged through pytest-benchmark 5.3)
+
+
+def pytest_benchmark(report) -> dict:
+    """The report as pytest-benchmark's saved JSON. Each benchmark's data are the metric's rounds (one value
+    without repeated rounds) in the metric's unit, named in its group: compare with `--time-unit s` so values
+    are printed unscaled. Throughput (higher is better) is left out: pytest-benchmark ranks lower as better."""
+    benchmarks = []
+    for item, name, value in _measured(report):
+        if METRICS[name].lower_is_worse:
+            continue
+        unit = METRICS[name].unit
+        m = item.measurement
+        benchmarks.append({
+            "group": f"{name} ({unit})", "name": item.id, "fullname": f"{m.file}::{item.id}::{name}",
+            "params": None, "param": None,
+            "extra_info": {"metric": name, "unit": unit, "verdict": item.verdict, "device_class": _device_class(item),
+                           "profile": m.profile, "stack": m.stack},
+            "options": {"disable_gc": False, "timer": "memcheck", "min_rounds": 1, "max_time": 0, "min_time": 0,
+                        "warmup": False},
+            "stats": _benchmark_stats(value.samples or [value.value]),
+        })
+    env = report.environment
+    return {
+        "machine_info": {"node": env.get("device_class"), "machine": env.get("cpu"), "system": env.get("platform"),
+                         "python_version": env.get("python"), "gpu": env.get("gpu"), "torch": env.get("torch")},
+        "commit_info": {"id": env.get("git_sha")},
+        "benchmarks": benchmarks, "datetime": report.created, "version": PYTEST_BENCHMARK_VERSION,
+    }
+
+
+def _benchmark_stats(data: list[float]) -> dict:
+    """pytest-benchmark's statistics fields, by its definitions (quartiles: the medians of each half)."""
+    ordered = sorted(data)
+    n = len(ordered)
+    mean = statistics.fmean(ordered)
+    stddev = statistics.stdev(ordered) if n > 1 else 0.0
+    half = n // 2
+    q1 = statistics.median(ordered[:half]) if n > 1 else ordered[0]
+    q3 = statistics.median(ordered[n - half:]) if n > 1 else ordered[0]
+    iqr = q3 - q1
+    low = [v for v in ordered if v >= q1 - 1.5 * iqr]
+    high = [v for v in ordered if v <= q3 + 1.5 * iqr]
+    stddev_out = sum(1 for v in ordered if abs(v - mean) > stddev)
+    iqr_out = sum(1 for v in ordered if v < q1 - 1.5 * iqr or v > q3 + 1.5 * iqr)
+    total = sum(ordered)
+    return {"min": ordered[0], "max": ordered[-1], "mean": mean, "stddev": stddev, "rounds": n,
+            "median": statistics.median(ordered), "iqr": iqr, "q1": q1, "q3": q3, "iqr_outliers": iqr_out,
+            "stddev_outliers": stddev_out, "outliers": f"{stddev_out};{iqr_out}", "ld15iqr": low[0],
+            "hd15iqr": high[-1], "ops": n / total if total else 0, "total": total, "data": list(data),
+            "iterations": 1}
+
+
 # -- GitHub job summary -----------------------------------------------------------------------------------
 
 def github_step_summary(report, path: str | None = None, artifact_url: str | None = None) -> str | None:
@@ -150,7 +207,7 @@ def write_text(path: str, text: str) -> None:
 def write(report, *, html: str | None = None, markdown: str | None = None, openmetrics_path: str | None = None,
           benchmark: str | None = None, benchmark_bigger: str | None = None, bencher_path: str | None = None,
           bencher_device_class: str | None = None, step_summary: bool = False,
-          artifact_url: str | None = None) -> list[str]:
+          artifact_url: str | None = None, pytest_benchmark_path: str | None = None) -> list[str]:
     """Write every export asked for; returns what was written, for the caller to print."""
     written = []
     if markdown:
@@ -170,6 +227,9 @@ def write(report, *, html: str | None = None, markdown: str | None = None, openm
         if path:
             write_text(path, json.dumps(benchmark_json(report, bigger), indent=1) + "\n")
             written.append(path)
+    if pytest_benchmark_path:
+        write_text(pytest_benchmark_path, json.dumps(pytest_benchmark(report), indent=1) + "\n")
+        written.append(pytest_benchmark_path)
     if bencher_path:
         write_text(bencher_path, json.dumps(bencher(report, bencher_device_class), indent=1) + "\n")
         written.append(bencher_path)

@@ -1,4 +1,8 @@
-"""Stack registry: built-in stacks plus any installed under the entry-point group `memcheck.stacks`."""
+"""Stack registry: built-in stacks plus any installed under the entry-point group `memcheck.stacks`.
+
+A workload's `stacks:` entry is a stack name, or `NAME:ATTENTION` for a stack that runs several attention
+implementations (`hf:flash_attention_2`): one item each, with its own id and its own baseline.
+"""
 from __future__ import annotations
 
 import importlib
@@ -12,7 +16,8 @@ GROUP = "memcheck.stacks"
 BUILTIN = {"hf": "harness.stacks.hf:HFStack", "paged": "harness.stacks.paged:PagedStack",
            "vllm": "harness.stacks.vllm:VLLMStack"}
 
-__all__ = ["RunResult", "Stack", "StackUnavailable", "names", "load"]
+__all__ = ["RunResult", "Stack", "StackUnavailable", "names", "load", "split"]
+SEPARATOR = ":"
 
 
 def _targets() -> dict[str, str]:
@@ -26,6 +31,13 @@ def names() -> set[str]:
     return set(_targets())
 
 
-def load(name: str) -> type[Stack]:
-    module, _, attr = _targets()[name].partition(":")
+def split(entry: str) -> tuple[str, str | None]:
+    """`hf:flash_attention_2` -> ("hf", "flash_attention_2"); `hf` -> ("hf", None)."""
+    name, _, attention = entry.partition(SEPARATOR)
+    return name, attention or None
+
+
+def load(entry: str) -> type[Stack]:
+    """The stack class of a `stacks:` entry (its attention variant, if any, is the item's, not the class's)."""
+    module, _, attr = _targets()[split(entry)[0]].partition(":")
     return getattr(importlib.import_module(module), attr)

@@ -28,6 +28,10 @@ class Stack:
     """
 
     name = ""
+    # Attention implementations a workload may pick as `stacks: [NAME:IMPL]`, one item each; the first is
+    # what plain NAME runs. Empty: the stack takes no variant.
+    attentions: tuple[str, ...] = ()
+    attention: str | None = None  # the implementation this item runs, set by the harness before prepare()
 
     def __init__(self, workload, device):
         self.workload, self.device = workload, device
@@ -41,6 +45,11 @@ class Stack:
     @classmethod
     def check(cls, workload, device) -> None:
         """Raise harness.errors.StackUnavailable(reason) if this runner cannot run the workload."""
+
+    @classmethod
+    def check_attention(cls, attention: str, workload, device) -> None:
+        """Raise StackUnavailable(reason) if the attention implementation cannot run here (not installed, needs
+        a GPU, not implemented for this model). Called only for stacks that declare `attentions`."""
 
     def prepare(self) -> None:
         raise NotImplementedError

@@ -1,4 +1,5 @@
-"""The `hf` stack: stock transformers generate() with SDPA attention and its default (dynamic) cache.
+"""The `hf` stack: stock transformers generate() with its default (dynamic) cache, attention by SDPA unless the
+item picks another implementation (`hf:flash_attention_2`, see hf_attention.py).
 
 Stock generate() batches statically: requests that arrive at the same step form one batch,
 left-padded to the longest prompt, and decode until the longest request is done. That padding and
@@ -12,14 +13,14 @@ from itertools import groupby
 
 from ..errors import StackUnavailable
 from ..metrics.value import MetricValue
+from . import hf_attention
 from .base import RunResult, Stack
 from .kv import CacheWatcher
-
-SDPA = "sdpa"
 
 
 class HFStack(Stack):
     name = "hf"
+    attentions = hf_attention.ATTENTIONS
 
     @classmethod
     def check(cls, workload, device) -> None:
@@ -31,10 +32,20 @@ class HFStack(Stack):
             raise StackUnavailable(f"the hf stack runs generate() on one device; tensor_parallel "
                                    f"{workload.tensor_parallel} runs through the paged (or vllm) stack")
 
+    @classmethod
+    def check_attention(cls, attention: str, workload, device) -> None:
+        reason = hf_attention.unavailable(attention, workload, device)
+        if reason:
+            raise StackUnavailable(reason)
+
     def prepare(self) -> None:
         from ..models import build_hf_model
 
-        self.model = build_hf_model(self.workload, self.device, attn_implementation=SDPA)
+        attention = self.attention or hf_attention.DEFAULT
+        implementation, self.notes = hf_attention.per_part(attention, self.workload)
+        self.notes.insert(0, f"attention: {attention}" + (f" (flash-attn {hf_attention.flash_attn_version()})"
+                                                           if attention == "flash_attention_2" else ""))
+        self.model = build_hf_model(self.workload, self.device, attn_implementation=implementation)
         self.vocab = self.model.config.get_text_config().vocab_size
 
     def weights_bytes(self) -> int:
@@ -80,7 +91,7 @@ class HFStack(Stack):
         metrics["ttft"] = MetricValue(sum(ttfts) / len(ttfts))
         metrics["tpot"] = MetricValue(sum(tpots) / len(tpots)) if tpots else MetricValue.null("one new token only")
         metrics["kv.blocks_unreclaimed"] = MetricValue.null("the hf stack's dynamic cache has no blocks")
-        return RunResult(outputs, metrics)
+        return RunResult(outputs, metrics, list(self.notes))
 
     def _batch(self, prompts: list[list[int]]) -> dict:
         """Left-padded batch, as stock generate() expects for decoder-only models."""

