@@ -63,6 +63,7 @@ class HostCollector:
         self.gc_passes = 0
         self._dtlb = self._dtlb_error = None
         self._faults_at_run = 0
+        self._heap_peak: int | None = None
 
     def _on_gc(self, phase, info):
         if phase == "start":
@@ -88,6 +89,13 @@ class HostCollector:
         if self._dtlb:
             self._dtlb.start()
 
+    def run_finished(self) -> None:
+        """The Python heap's peak is read when the run returns: what the harness allocates after it
+        (closing the stack, processing the profiler's events) is not the workload's."""
+        if tracemalloc.is_tracing():
+            self._heap_peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+
     def stop(self) -> dict[str, MetricValue]:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
@@ -103,9 +111,8 @@ class HostCollector:
                                             detail="getrusage minor+major, during the run (with the CPU-tensor profiler on, its own buffers fault too)"),
             "host.gc_collections": MetricValue(self.gc_passes),
         }
-        if self.python_heap and tracemalloc.is_tracing():
-            out["host.heap_alloc.peak"] = MetricValue(tracemalloc.get_traced_memory()[1], detail="tracemalloc, during the run")
-            tracemalloc.stop()
+        if self.python_heap and self._heap_peak is not None:
+            out["host.heap_alloc.peak"] = MetricValue(self._heap_peak, detail="tracemalloc, during the run")
         else:
             out["host.heap_alloc.peak"] = MetricValue.null("Python heap tracing switched off (--memcheck-no-host-heap)")
         if self._dtlb:
