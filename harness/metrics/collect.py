@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from .catalog import METRICS
-from .host import HostCollector, owned_resident
+from .host import HostCollector, ResidentReader
 from .value import MetricValue
 
 NO_GPU = "no CUDA device on this runner"
@@ -42,6 +42,7 @@ class Collectors:
             from .torch_cpu import CpuTensorCollector
 
             self.cpu_tensors = CpuTensorCollector()
+        self.resident = None if self.on_gpu else ResidentReader()  # the timeline's host.rss, read each step
         self.timeline: list[dict] = []
         self._t0 = self._run_t0 = 0.0
         self.wall = None
@@ -70,7 +71,7 @@ class Collectors:
             s = self.sampler.sample(step, driver=False)  # NVML only on the sampling thread
             point.update({"gpu.allocated": s["gpu.allocated"], "gpu.reserved": s["gpu.reserved"]})
         else:
-            point["host.rss"] = owned_resident()
+            point["host.rss"] = self.resident()
         self.timeline.append(point)
 
     def run_finished(self) -> None:
@@ -100,6 +101,8 @@ class Collectors:
                 if name.startswith("gpu."):
                     metrics[name] = MetricValue.null(NO_GPU)
         metrics.update(self.host.stop())
+        if self.resident:
+            self.resident.close()
         return metrics
 
 

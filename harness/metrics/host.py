@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import resource
 import sys
 import threading
@@ -33,6 +34,31 @@ def owned_resident() -> int:
 
     info = psutil.Process().memory_info()
     return info.rss - getattr(info, "shared", 0)
+
+
+class ResidentReader:
+    """`owned_resident` for a stack's step(): /proc/self/status kept open, re-read in place and only its two
+    fields parsed (opening it and parsing every field cost ~400 us a step on a loaded 2-core runner)."""
+
+    KEYS = (b"RssAnon:", b"RssShmem:")
+
+    def __init__(self):
+        try:
+            self._fd = os.open("/proc/self/status", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def __call__(self) -> int:
+        text = os.pread(self._fd, 16384, 0) if self._fd is not None else b""
+        at = [text.find(key) for key in self.KEYS]
+        if min(at) < 0:
+            return owned_resident()
+        return sum(int(text[i + len(key):text.index(b"kB", i)]) * 1024 for i, key in zip(at, self.KEYS))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def peak_rss() -> tuple[int, str]:
