@@ -104,8 +104,10 @@ def _median(values):
 
 def _memory_vs_baseline(runs, baseline) -> str:
     """'exact N/N' for the exact metrics, then the host metrics' change, against the committed baseline."""
-    if baseline is None:
-        return "no baseline"
+    if baseline is None:  # no committed baseline here (a GPU runner): do the rounds agree with each other?
+        measured = [n for n in EXACT if runs[0].metrics[n].value is not None]
+        same = [n for n in measured if len({r.metrics[n].value for r in runs}) == 1]
+        return f"no baseline; rounds agree on {len(same)}/{len(measured)} exact metrics"
     exact = [n for n in EXACT if n in baseline.metrics and baseline.metrics[n].value is not None]
     same = [n for n in exact if all(r.metrics[n].value == baseline.metrics[n].value for r in runs)]
     text = f"exact {len(same)}/{len(exact)}" + ("" if len(same) == len(exact) else
