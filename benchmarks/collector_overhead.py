@@ -84,8 +84,8 @@ def collected(path: str, name: str, stack_name: str, device: str, profile: str) 
 
 
 def _load(path: str, profile: str, name: str):
-    found = [w for w in workload.load_file(path, profile, stacks.names(), config.load(ROOT).thresholds) if w.name == name]
-    return found[0]
+    loaded = workload.load_file(path, profile, stacks.names(), config.load(ROOT).thresholds)
+    return next(w for w in loaded if w.name == name)
 
 
 def _in_worker(mode: str, wl, stack: str, device: str) -> dict:
