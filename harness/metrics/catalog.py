@@ -49,7 +49,10 @@ _SPECS = [
     MetricSpec("vllm.non_torch.increase", "bytes", "device memory outside torch's allocator from the worker's "
                "start to after the profile (MemoryProfilingResult.non_torch_increase)", stacks=("vllm",)),
     MetricSpec("vllm.cuda_graph.pool", "bytes", "device memory vLLM's CUDA graph capture took", stacks=("vllm",)),
-    MetricSpec("host.heap_alloc.peak", "bytes", "peak Python heap during the run (tracemalloc)"),
+    MetricSpec("host.heap_alloc.peak", "bytes", "peak Python heap during the run (tracemalloc, in a round of "
+               "its own: the timed rounds run without it)",
+               revision=2, revised="revision 1 read the peak after the stack was closed and the CPU-tensor "
+               "profiler's events were processed, counting ~1 MB of the harness's own objects"),
     MetricSpec("host.rss.peak", "bytes", "peak resident set of the workload's process less its file-backed "
                "pages (VmHWM - RssFile): the anonymous + shared memory it held",
                revision=2, revised="revision 1 counted file-backed pages too (VmHWM)"),
@@ -57,6 +60,8 @@ _SPECS = [
     MetricSpec("host.gc_collections", "count", "Python garbage-collector passes during the run"),
     MetricSpec("host.dtlb_misses", "count", "data-TLB load misses during the run (perf_event_open)"),
     MetricSpec("time.wall", "s", "wall time of the run", noisy=True),
+    MetricSpec("time.warmup", "s", "wall time of the stack's warm-up before the timed run (one-time JIT "
+               "compilation, autotuning, CUDA-graph capture)", noisy=True),
     MetricSpec("tokens_per_s", "tokens/s", "generated tokens per second", lower_is_worse=True, noisy=True),
     MetricSpec("ttft", "s", "time to first token (mean over requests)", noisy=True),
     MetricSpec("tpot", "s", "time per output token after the first (mean)", noisy=True),
