@@ -22,7 +22,8 @@ REQUEST_KEYS = {"count", "prompt_tokens", "max_new_tokens", "images", "arrival_s
 # experts in an MoE model: the skewed-routing case).
 TOKEN_PATTERNS = ("random", "repeated")
 ENGINE_KEYS = {"block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens",
-               "gpu_memory_utilization", "enforce_eager", "chunked_prefill", "num_blocks"}
+               "gpu_memory_utilization", "enforce_eager", "chunked_prefill", "num_blocks",
+               "cuda_graphs"}
 MODEL_META = {"preset", "dtype", "seed"}
 FULL = "full"  # the profile name of the workload as written (the published architecture)
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -264,7 +265,7 @@ def _check_engine(engine: dict, err) -> None:
     for key in ("block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_blocks"):
         if key in engine:
             _int(engine, key, sub, minimum=1)
-    for key in ("enforce_eager", "chunked_prefill"):
+    for key in ("enforce_eager", "chunked_prefill", "cuda_graphs"):
         if key in engine and not isinstance(engine[key], bool):
             raise sub(key, f"must be true or false, got {engine[key]!r}")
     value = engine.get("gpu_memory_utilization")

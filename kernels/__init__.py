@@ -13,7 +13,8 @@ from .block_manager import BlockManager
 from .dispatch import use_triton
 from .sequence import Sequence
 
-__all__ = ["BlockManager", "Sequence", "paged_decode", "paged_prefill", "mla_decode", "write_kv", "write_latent"]
+__all__ = ["BlockManager", "Sequence", "paged_decode", "paged_prefill", "mla_decode", "write_kv", "write_latent",
+           "fused_moe"]
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale):
@@ -71,3 +72,14 @@ def write_latent(latent, latent_cache, slot_mapping):
     else:
         from .reference import write_latent as impl
     impl(latent, latent_cache, slot_mapping)
+
+
+def fused_moe(x, gate_up, down, weights, ids):
+    """The routed experts of a MoE layer: each token through its top_k experts' gated MLPs, weighted.
+    x [T, hidden]; gate_up [experts, 2 x inter, hidden]; down [experts, hidden, inter]; weights [T, top_k]
+    float32 (routing weights, scaling included); ids [T, top_k]. Returns [T, hidden] in x's dtype."""
+    if use_triton(x):
+        from .moe import fused_moe as impl
+    else:
+        from .reference import fused_moe as impl
+    return impl(x, gate_up, down, weights, ids)

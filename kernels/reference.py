@@ -88,3 +88,27 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale) -> to
         q = torch.cat([q_latent[i], q_pe[i]], dim=-1)  # [H, R + P]
         out[i] = _attend(q[None], kv[None], kv[None, :, :rank], scale)[0].to(q_latent.dtype)
     return out
+
+
+def fused_moe(x, gate_up, down, weights, ids) -> torch.Tensor:
+    """Routed experts: picks grouped by expert (one sort), each expert's rows through its gated MLP,
+    weighted and added to their tokens. x [T, hidden]; gate_up [E, 2 x inter, hidden]; down [E, hidden,
+    inter]; weights [T, top_k] float32; ids [T, top_k]. One Python loop over experts (a host sync)."""
+    import torch.nn.functional as F
+
+    top_k = ids.shape[1]
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    token_of = order // top_k
+    out = torch.zeros_like(x)
+    start = 0
+    for expert, n in enumerate(counts):
+        if not n:
+            continue
+        rows, picks = token_of[start:start + n], order[start:start + n]
+        gate, up = F.linear(x[rows], gate_up[expert]).chunk(2, dim=-1)
+        h = F.linear(F.silu(gate) * up, down[expert])
+        out.index_add_(0, rows, (h * weights.flatten()[picks, None]).to(out.dtype))
+        start += n
+    return out

@@ -22,18 +22,42 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
+def fused_linear(*linears: nn.Linear) -> nn.Linear:
+    """One linear layer whose output is the given layers' outputs side by side (one matrix product
+    instead of several). Their weights are concatenated; the originals go with their modules."""
+    out = sum(lin.out_features for lin in linears)
+    bias = linears[0].bias is not None
+    with torch.device("meta"):
+        fused = nn.Linear(linears[0].in_features, out, bias=bias)
+    fused.weight = nn.Parameter(torch.cat([lin.weight for lin in linears]), requires_grad=False)
+    if bias:
+        fused.bias = nn.Parameter(torch.cat([lin.bias for lin in linears]), requires_grad=False)
+    return fused
+
+
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), the activation and product done in place (two intermediate rows live, not four)."""
+    """down(silu(gate(x)) * up(x)), the activation and product done in place (two intermediate rows live, not four).
+    After fuse(), gate and up are one projection (gate_up_proj: [gate; up] rows)."""
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_up_proj = None
+
+    def fuse(self) -> None:
+        self.gate_up_proj = fused_linear(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.silu(self.gate_proj(x), inplace=True)
-        h.mul_(self.up_proj(x))
+        if self.gate_up_proj is None:
+            h = F.silu(self.gate_proj(x), inplace=True)
+            h.mul_(self.up_proj(x))
+        else:  # h: the gate half of [gate, up] rows, a strided view the down projection reads in place
+            h, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            F.silu(h, inplace=True).mul_(up)
+            del up
         return self.down_proj(h)
 
 

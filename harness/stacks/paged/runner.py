@@ -8,18 +8,26 @@ import torch
 from kernels import BlockManager
 
 from .context import StepContext
+from .graphs import DecodeGraphs
 from .model import CausalLM
 from .sequence import Request
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, device, vision=None):
-        self.model, self.device, self.vision = model, device, vision
+    def __init__(self, model: CausalLM, device, vision=None, graphs: DecodeGraphs | None = None):
+        self.model, self.device, self.vision, self.graphs = model, device, vision, graphs
 
     @torch.inference_mode()
     def step(self, batch: list[tuple[Request, int]], return_logits: bool = False):
         """Feed each (sequence, n): its next n tokens. Returns {seq_id: token} for every sequence whose
-        last token was fed (and the float32 logits of those rows, in batch order, when asked)."""
+        last token was fed (and the float32 logits of those rows, in batch order, when asked).
+        A batch of decodes only replays a CUDA graph when the engine captured them."""
+        if self.graphs is not None and not return_logits and self._decode_only(batch):
+            seqs = [s for s, _ in batch]
+            positions = [s.num_computed for s in seqs]
+            tokens = self.graphs.run([s.token_ids[p] for s, p in zip(seqs, positions)], positions,
+                                     [s.slot(p) for s, p in zip(seqs, positions)], [s.block_table for s in seqs])
+            return {s.seq_id: t for s, t in zip(seqs, tokens)}
         decode = [(s, n) for s, n in batch if n == 1]
         prefill = [(s, n) for s, n in batch if n > 1]
         ids, positions, slots, sample_rows, samplers = [], [], [], [], []
@@ -49,6 +57,11 @@ class ModelRunner:
         tokens = logits.argmax(-1).tolist()
         sampled = {s.seq_id: t for s, t in zip(samplers, tokens)}
         return (sampled, logits) if return_logits else sampled
+
+    def _decode_only(self, batch) -> bool:
+        """Every sequence feeds its last token (past any image placeholders), within the graphs' sizes."""
+        return (all(n == 1 and s.num_computed + 1 == len(s) and s.num_computed >= s.image_tokens for s, n in batch)
+                and self.graphs.fits(len(batch), max(len(s.block_table) for s, _ in batch)))
 
     def _context(self, decode, prefill, positions, slots) -> StepContext:
         ctx = StepContext(self._tensor(positions, torch.int64), self._tensor(slots, torch.int64), len(decode))
