@@ -22,6 +22,7 @@ fix_triton_interpreter()
 # Decode is memory-bound: small row tiles (16 = the tensor cores' least), wide weight tiles.
 # Prefill (many picks per expert) takes taller row tiles so each weight tile is read fewer times.
 DEFAULT_CONFIG = {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3}
+CPU_TILES = {"block_n": 16, "block_k": 16}  # the interpreter runs small tiles faster
 TALL_ROWS = 64
 TALL_PICKS_PER_EXPERT = 32  # mean picks per expert from which the taller row tile pays
 
@@ -103,9 +104,8 @@ def fused_moe(x, gate_up, down, weights, ids, *, config=None):
     num_experts, two_inter, _ = gate_up.shape
     inter, top_k = two_inter // 2, ids.shape[1]
     assert x.stride(-1) == 1 and gate_up.stride(-1) == 1 and down.stride(-1) == 1
-    cfg = {**DEFAULT_CONFIG, **(config or {})}
-    if x.device.type != "cuda":  # the interpreter runs small tiles faster
-        cfg.update(block_n=16, block_k=16)
+    cpu_tiles = {} if x.device.type == "cuda" else CPU_TILES
+    cfg = {**DEFAULT_CONFIG, **cpu_tiles, **(config or {})}
     picks = num_tokens * top_k
     block_m = TALL_ROWS if picks >= TALL_PICKS_PER_EXPERT * num_experts else 16
     order, offsets = sort_picks(ids, num_experts)
