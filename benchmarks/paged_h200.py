@@ -361,6 +361,20 @@ def suite_items(device) -> dict:
     return out
 
 
+def section(results: dict, key: str, fn, *args) -> None:
+    """results[key] = fn(*args); a failure is logged with its traceback and the next section still runs."""
+    try:
+        results[key] = fn(*args)
+    except Exception:  # noqa: BLE001 - one device call measures every section it can
+        import traceback
+
+        say(f"  {key} FAILED:", traceback.format_exc(limit=12))
+        results[key + "_error"] = traceback.format_exc(limit=12)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
 def sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -396,7 +410,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if "tokens" not in skip:
             say("greedy tokens, float32, scaled-down families, hf vs paged:")
-            results["tokens"] = tiny_tokens(tmp, device)
+            section(results, "tokens", tiny_tokens, tmp, device)
         if "batch8" not in skip:
             say(f"memory: batch 8 x ({prompt} prompt + 128 new), {dtype}:")
             wl = make(tmp, "batch8", model, [{"count": 8, "prompt_tokens": prompt, "max_new_tokens": 128}], dtype)
@@ -414,12 +428,12 @@ def main() -> int:
             bandwidth = copy_bandwidth(device) if device.type == "cuda" else 10 * GB
             results["copy_bandwidth"] = bandwidth
             say(f"decode steps, {dtype}, 512-token prompts; copy bandwidth {bandwidth / GB:.0f} GB/s:")
-            results["decode"] = {
-                "r1-distill-qwen-7b": decode_steps("r1-distill-qwen-7b", (1, 8, 32), 512, device, bandwidth, args.dry_run),
-                "deepseek-v2-lite": decode_steps("deepseek-v2-lite", (8, 32), 512, device, bandwidth, args.dry_run)}
+            results["decode"] = {}
+            for preset, batches in (("r1-distill-qwen-7b", (1, 8, 32)), ("deepseek-v2-lite", (8, 32))):
+                section(results["decode"], preset, decode_steps, preset, batches, 512, device, bandwidth, args.dry_run)
         if "suite" not in skip and not args.dry_run:
             say("suite items, full profile, collectors without the host heap:")
-            results["suite"] = suite_items(device)
+            section(results, "suite", suite_items, device)
     results["seconds"] = round(time.perf_counter() - t0, 1)
 
     say("")
@@ -450,6 +464,8 @@ def main() -> int:
             "| experts touched/layer | graph = eager tokens |")
         say("|---|---|---|---|---|---|---|---|---|")
         for preset, d in results["decode"].items():
+            if "batches" not in d:
+                continue
             for b, r in d["batches"].items():
                 g = r.get("graphs_step_s")
                 say(f"| {preset} | {b} | {r['floor_s'] * 1e3:.2f} ms | "
