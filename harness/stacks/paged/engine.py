@@ -36,8 +36,13 @@ class Engine:
         self.scheduler = Scheduler(cfg, self.blocks)
         self.steps = 0
 
-    def warmup(self) -> None:
-        """Capture the decode graphs now (their kernels compiled on the way), outside the timed run."""
+    def warmup(self, prefill_tokens: int = 0) -> None:
+        """Before the timed run, on CUDA: compile the prefill kernels with one pass of prefill_tokens that
+        writes no cache slot, and capture the decode graphs (their kernels compiled on the way)."""
+        if self.device.type != "cuda":
+            return
+        if prefill_tokens > 1:
+            self.runner.warm_prefill(prefill_tokens, self.cfg.block_size)
         if self.runner.graphs is not None and not self.runner.graphs.captured:
             self.runner.graphs.capture()
 

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import kernels
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
@@ -15,11 +17,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """With residual: x += residual first (in place), in the same launch on CUDA."""
+        return kernels.rms_norm(x, self.weight, self.eps, residual)
 
 
 def fused_linear(*linears: nn.Linear) -> nn.Linear:
@@ -55,9 +55,7 @@ class GatedMLP(nn.Module):
             h = F.silu(self.gate_proj(x), inplace=True)
             h.mul_(self.up_proj(x))
         else:  # h: the gate half of [gate, up] rows, a strided view the down projection reads in place
-            h, up = self.gate_up_proj(x).chunk(2, dim=-1)
-            F.silu(h, inplace=True).mul_(up)
-            del up
+            h = kernels.silu_mul_(self.gate_up_proj(x))
         return self.down_proj(h)
 
 
@@ -80,11 +78,5 @@ class Rotary:
         return cos, sin
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, D] -> rotated, same shape and dtype."""
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        if self.interleaved:
-            x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
-        else:
-            half = x.shape[-1] // 2
-            x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+        """x [T, heads, D] -> rotated, same shape and dtype (one launch on CUDA)."""
+        return kernels.rotary(x, cos, sin, self.interleaved)

@@ -30,10 +30,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         a = self.self_attn(self.input_layernorm(h), ctx)
-        a += h
-        h = a
-        m = self.mlp(self.post_attention_layernorm(h))
-        m += h
+        m = self.mlp(self.post_attention_layernorm(a, residual=h))  # a += h inside the norm's launch
+        m += a
         return m
 
 

@@ -58,6 +58,19 @@ class ModelRunner:
         sampled = {s.seq_id: t for s, t in zip(samplers, tokens)}
         return (sampled, logits) if return_logits else sampled
 
+    @torch.inference_mode()
+    def warm_prefill(self, num_tokens: int, block_size: int) -> None:
+        """One prefill pass of num_tokens (one sequence) that writes no cache slot and attends over block 0:
+        the prefill-shaped kernels compile (Triton JIT) here rather than inside the first timed step."""
+        n = num_tokens
+        ctx = StepContext(torch.arange(n, device=self.device), torch.full((n,), -1, device=self.device), 0)
+        ctx.prefill_block_table = torch.zeros(1, -(-n // block_size), dtype=torch.int32, device=self.device)
+        ctx.cu_seqlens_q = self._tensor([0, n], torch.int32)
+        ctx.prefill_seq_lens = self._tensor([n], torch.int32)
+        ctx.max_q_len, ctx.prefill_q_lens_host, ctx.prefill_seq_lens_host = n, (n,), (n,)
+        hidden = self.model(torch.zeros(n, dtype=torch.int64, device=self.device), ctx)
+        self.model.logits(hidden[-1:]).argmax(-1).tolist()
+
     def _decode_only(self, batch) -> bool:
         """Every sequence feeds its last token (past any image placeholders), within the graphs' sizes."""
         return (all(n == 1 and s.num_computed + 1 == len(s) and s.num_computed >= s.image_tokens for s, n in batch)

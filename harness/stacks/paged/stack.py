@@ -84,9 +84,15 @@ class PagedStack(Stack):
         self.engine = Engine(self.model, self.spec, self.cfg, self.dtype, self.device, self.vision, graph_sizes)
 
     def warmup(self) -> None:
-        """Capture the decode CUDA graphs (compiling the Triton kernels they launch) before the timed run;
-        without this call the first decode step captures them."""
-        self.engine.warmup()
+        """Compile the prefill kernels (one prefill pass as large as the run's largest, no cache written) and
+        capture the decode CUDA graphs before the timed run; without this call the first decode step
+        captures them and the first prefill compiles. Nothing on the CPU."""
+        from .config import input_tokens
+
+        per_image = getattr(self.workload, "image_tokens", 0)
+        longest = max(input_tokens(r, per_image) for r in self.requests)
+        single = self.workload.tensor_parallel == 1  # (a rank's pass would all-reduce with the others')
+        self.engine.warmup(min(self.cfg.max_num_batched_tokens, longest) if single else 0)
 
     def weights_bytes(self) -> int:
         seen, total = set(), 0
