@@ -14,7 +14,7 @@ from .dispatch import use_triton
 from .sequence import Sequence
 
 __all__ = ["BlockManager", "Sequence", "paged_decode", "paged_prefill", "mla_decode", "write_kv", "write_latent",
-           "fused_moe", "rms_norm", "rotary", "silu_mul_"]
+           "fused_moe", "rms_norm", "apply_rotary", "silu_mul_"]
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale):
@@ -95,8 +95,8 @@ def rms_norm(x, weight, eps, residual=None):
     return impl(x, weight, eps, residual)
 
 
-def rotary(x, cos, sin, interleaved: bool):
-    """Rotary embedding of x [T, heads, D] by cos/sin [T, D/2]; a new contiguous tensor in x's dtype."""
+def apply_rotary(x, cos, sin, interleaved: bool):
+    """(Not `rotary`: that name is the kernel's module.) Rotary embedding of x [T, heads, D] by cos/sin [T, D/2]; a new contiguous tensor in x's dtype."""
     if use_triton(x):
         from .rotary import rotary as impl
     else:

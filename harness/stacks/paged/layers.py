@@ -79,4 +79,4 @@ class Rotary:
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [T, heads, D] -> rotated, same shape and dtype (one launch on CUDA)."""
-        return kernels.rotary(x, cos, sin, self.interleaved)
+        return kernels.apply_rotary(x, cos, sin, self.interleaved)
