@@ -54,7 +54,7 @@ class BlockMeter:
         self.collectors.run_finished()
         metrics = self.collectors.stop()
         if metrics.get("cpu.heap_alloc.peak") and metrics["cpu.heap_alloc.peak"].value is not None:
-            metrics["cpu.heap_alloc.peak"].detail = "torch profiler memory events, above what was live at entry"
+            metrics["cpu.heap_alloc.peak"].detail = "torch allocator memory events, above what was live at entry"
         digest = hashlib.sha256(self.request.node.nodeid.encode()).hexdigest()[:16]
         m = Measurement(self._name, STACK, str(self.request.node.path), scaled=False, digest=digest)
         m.metrics, m.timeline = metrics, self.collectors.timeline

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import time
 import traceback
 
 from . import environment, floors, stacks
@@ -36,10 +37,11 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
         return m
     stack = stack_cls(workload, device)
     collectors = Collectors(device, options)
-    result = None
+    result = warmup = None
     collectors.start()
     try:
         stack.prepare()
+        warmup = _warm_up(stack)
         collectors.run_started()
         result = stack.run(collectors)
         collectors.run_finished()
@@ -60,8 +62,10 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
         m.metrics.update(result.metrics)
         m.notes.extend(result.notes)
         m.metrics["time.wall"] = MetricValue(collectors.wall)
+    if warmup is not None:
+        m.metrics["time.warmup"] = warmup
     for name in ("kv.bytes.peak", "kv.live_bytes.peak", "kv.waste.peak", "kv.blocks_unreclaimed",
-                 "kv.page_footprint", "tokens_per_s", "ttft", "tpot", "time.wall"):
+                 "kv.page_footprint", "tokens_per_s", "ttft", "tpot", "time.wall", "time.warmup"):
         m.metrics.setdefault(name, MetricValue.null("the run failed" if m.error else f"the {stack_name} stack does not report it"))
     import torch
 
@@ -75,6 +79,15 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
     if workspace is not None:
         m.floors["workspace"] = workspace  # the stack's declared activation workspace, beside the floors
     return m
+
+
+def _warm_up(stack) -> MetricValue:
+    """The stack's warm-up, timed: after prepare() and before the timed run, inside the collectors."""
+    if type(stack).warmup is stacks.Stack.warmup:
+        return MetricValue.null(f"the {stack.name or type(stack).__name__} stack has no warm-up")
+    start = time.perf_counter()
+    stack.warmup()
+    return MetricValue(time.perf_counter() - start, detail="the stack's warm-up, before the timed run")
 
 
 def _safe(fn):

@@ -24,7 +24,8 @@ def register(parser) -> None:
     group.addoption("--memcheck-timeout", metavar="SECONDS", type=float, default=None,
                     help="give up on one item's round after this many seconds (an error verdict)")
     group.addoption("--memcheck-no-host-heap", action="store_true", default=False,
-                    help="switch off tracemalloc (host.heap_alloc.peak becomes null)")
+                    help="skip the heap round: the extra worker per item that measures host.heap_alloc.peak "
+                         "under tracemalloc, off the timed rounds (host.heap_alloc.peak becomes null)")
     group.addoption("--memcheck-sample-period", metavar="MS", type=float, default=10.0,
                     help="NVML and allocator sampling period in milliseconds (default 10)")
     # Reports beside the JSON: the HTML page, dashboard exports, allocator snapshots (harness/reports/).

@@ -30,7 +30,10 @@ _SPECS = [
     MetricSpec("kv.waste.peak", "ratio", "1 - live/reserved KV bytes at the reserved peak"),
     MetricSpec("kv.blocks_unreclaimed", "count", "KV blocks still held by finished sequences at the end"),
     MetricSpec("kv.page_footprint", "count", "distinct 2 MiB pages the KV reads of one decode step touch (max over steps)"),
-    MetricSpec("host.heap_alloc.peak", "bytes", "peak Python heap during the run (tracemalloc)"),
+    MetricSpec("host.heap_alloc.peak", "bytes", "peak Python heap during the run (tracemalloc, in a round of "
+               "its own: the timed rounds run without it)",
+               revision=2, revised="revision 1 read the peak after the stack was closed and the CPU-tensor "
+               "profiler's events were processed, counting ~1 MB of the harness's own objects"),
     MetricSpec("host.rss.peak", "bytes", "peak resident set of the workload's process less its file-backed "
                "pages (VmHWM - RssFile): the anonymous + shared memory it held",
                revision=2, revised="revision 1 counted file-backed pages too (VmHWM)"),
@@ -38,6 +41,8 @@ _SPECS = [
     MetricSpec("host.gc_collections", "count", "Python garbage-collector passes during the run"),
     MetricSpec("host.dtlb_misses", "count", "data-TLB load misses during the run (perf_event_open)"),
     MetricSpec("time.wall", "s", "wall time of the run", noisy=True),
+    MetricSpec("time.warmup", "s", "wall time of the stack's warm-up before the timed run (one-time JIT "
+               "compilation, autotuning, CUDA-graph capture)", noisy=True),
     MetricSpec("tokens_per_s", "tokens/s", "generated tokens per second", lower_is_worse=True, noisy=True),
     MetricSpec("ttft", "s", "time to first token (mean over requests)", noisy=True),
     MetricSpec("tpot", "s", "time per output token after the first (mean)", noisy=True),

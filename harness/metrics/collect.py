@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from .catalog import METRICS
-from .host import HostCollector, owned_resident
+from .host import HostCollector, ResidentReader
 from .value import MetricValue
 
 NO_GPU = "no CUDA device on this runner"
@@ -19,8 +19,8 @@ NO_GPU = "no CUDA device on this runner"
 
 @dataclass
 class CollectorOptions:
-    python_heap: bool = True  # tracemalloc: host.heap_alloc.peak
-    cpu_tensors: bool = True  # torch profiler memory events: cpu.heap_alloc.peak (CPU runners)
+    python_heap: bool = True  # tracemalloc: host.heap_alloc.peak (a worker runs it in a heap round of its own)
+    cpu_tensors: bool = True  # the CPU allocator's memory events: cpu.heap_alloc.peak (CPU runners)
     sample_period_s: float = 0.01
     in_process: bool = False  # measuring a block inside a longer-lived process (the fixture)
 
@@ -42,6 +42,7 @@ class Collectors:
             from .torch_cpu import CpuTensorCollector
 
             self.cpu_tensors = CpuTensorCollector()
+        self.resident = None if self.on_gpu else ResidentReader()  # the timeline's host.rss, read each step
         self.timeline: list[dict] = []
         self._t0 = self._run_t0 = 0.0
         self.wall = None
@@ -67,14 +68,15 @@ class Collectors:
         """Record one timeline point; stacks pass kv.bytes / kv.live_bytes they know."""
         point = {"t": round(time.perf_counter() - self._t0, 6), "step": step, **values}
         if self.sampler:
-            s = self.sampler.sample(step)
+            s = self.sampler.sample(step, driver=False)  # NVML only on the sampling thread
             point.update({"gpu.allocated": s["gpu.allocated"], "gpu.reserved": s["gpu.reserved"]})
         else:
-            point["host.rss"] = owned_resident()
+            point["host.rss"] = self.resident()
         self.timeline.append(point)
 
     def run_finished(self) -> None:
         self.wall = time.perf_counter() - self._run_t0
+        self.host.run_finished()
         gc.collect()
         if self.cuda:
             self.cuda.run_finished()
@@ -99,6 +101,8 @@ class Collectors:
                 if name.startswith("gpu."):
                     metrics[name] = MetricValue.null(NO_GPU)
         metrics.update(self.host.stop())
+        if self.resident:
+            self.resident.close()
         return metrics
 
 

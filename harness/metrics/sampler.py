@@ -64,14 +64,18 @@ class DeviceSampler:
             self.per_process = False
         return pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
 
-    def sample(self, step: int | None = None) -> dict:
-        stats = self.torch.cuda.memory_stats(self.device)
+    def sample(self, step: int | None = None, driver: bool = True) -> dict:
+        """One point of the torch allocator's counters; with `driver`, NVML's device use too. A stack's
+        step() takes the allocator's only: an NVML query (and the process scan behind it) costs
+        milliseconds, which the sampling thread pays off the timed path."""
+        stats = self.torch.cuda.memory.memory_stats_as_nested_dict(self.device)  # no flattening: cheaper
+        current = lambda key: stats.get(key, {}).get("all", {}).get("current", 0)  # noqa: E731 - {} before CUDA init
         point = {
             "t": time.perf_counter(), "step": step,
-            "gpu.allocated": stats.get("allocated_bytes.all.current", 0),
-            "gpu.reserved": stats.get("reserved_bytes.all.current", 0),
-            "gpu.inactive_split": stats.get("inactive_split_bytes.all.current", 0),
-            "gpu.device_used": self._device_used(),
+            "gpu.allocated": current("allocated_bytes"),
+            "gpu.reserved": current("reserved_bytes"),
+            "gpu.inactive_split": current("inactive_split_bytes"),
+            "gpu.device_used": self._device_used() if driver else None,
         }
         self.samples.append(point)
         return point
@@ -95,7 +99,8 @@ class DeviceSampler:
             used = MetricValue.null(self.nvml_error or "NVML unavailable")
         else:
             scope = "this process and its children" if self.per_process else "whole device (per-process use not reported)"
-            used = MetricValue(max(s["gpu.device_used"] for s in self.samples), detail=f"NVML, {scope}, {period}")
+            used = MetricValue(max(s["gpu.device_used"] for s in self.samples if s["gpu.device_used"] is not None),
+                               detail=f"NVML, {scope}, {period}")
         at_peak = max(self.samples, key=lambda s: s["gpu.reserved"])
         frag = at_peak["gpu.inactive_split"] / at_peak["gpu.reserved"] if at_peak["gpu.reserved"] else 0.0
         return {

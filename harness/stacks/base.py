@@ -23,8 +23,9 @@ class Stack:
     """Subclass, register under the entry-point group `memcheck.stacks`, and memcheck runs your engine.
 
     The harness calls, inside its collectors: `prepare()` (build the model: its memory counts),
-    then `run(probe)` (serve every request; call `probe.step(n, **kv)` after each decode step),
-    then `close()`. A stack that cannot run here raises StackUnavailable from `check()`.
+    `warmup()` (timed as time.warmup, outside the timed run), then `run(probe)` (serve every request;
+    call `probe.step(n, **kv)` after each decode step), then `close()`. A stack that cannot run here
+    raises StackUnavailable from `check()`.
     """
 
     name = ""
@@ -44,6 +45,11 @@ class Stack:
 
     def prepare(self) -> None:
         raise NotImplementedError
+
+    def warmup(self) -> None:
+        """Run a little of the workload so one-time JIT compilation, autotuning and CUDA-graph capture land
+        outside the timed run. Its memory counts in the peaks (the collectors are on); its time is
+        time.warmup, not time.wall. The default does nothing (time.warmup is null)."""
 
     def run(self, probe) -> RunResult:
         raise NotImplementedError
