@@ -331,6 +331,48 @@ def decode_steps(preset, batches, prompt, device, bandwidth, dry_run) -> dict:
     return out
 
 
+def moe_tiles(device) -> dict:
+    """The fused MoE kernels on DeepSeek-V2-Lite's shapes (64 experts of 2 x 1408 x 2048, top 6) at 8 and 32
+    tokens: each tile configuration's time (triton.testing.do_bench, median) and bandwidth over the experts
+    touched; the fastest over both sizes becomes kernels.moe.DEFAULT_CONFIG for the sections after this one."""
+    import itertools
+
+    import triton.testing
+
+    from kernels import moe
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    experts, hidden, inter, top_k = 64, 2048, 1408, 6
+    gate_up = torch.randn(experts, 2 * inter, hidden, device=device, dtype=torch.bfloat16, generator=gen) * 0.02
+    down = torch.randn(experts, hidden, inter, device=device, dtype=torch.bfloat16, generator=gen) * 0.02
+    cases = {}
+    for tokens in (8, 32):
+        x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, generator=gen)
+        ids = torch.stack([torch.randperm(experts, device=device, generator=gen)[:top_k] for _ in range(tokens)])
+        weights = torch.rand(tokens, top_k, device=device, generator=gen)
+        touched = int(ids.unique().numel())
+        cases[tokens] = (x, ids, weights, touched * 3 * inter * hidden * 2)
+    rows = []
+    for bn, bk, stages, warps in itertools.product((32, 64, 128), (64, 128, 256), (3, 4), (4,)):
+        cfg = {"block_n": bn, "block_k": bk, "num_stages": stages, "num_warps": warps}
+        row = {"config": cfg}
+        try:
+            for tokens, (x, ids, weights, nbytes) in cases.items():
+                t = triton.testing.do_bench(lambda: moe.fused_moe(x, gate_up, down, weights, ids, config=cfg),
+                                            warmup=25, rep=100, return_mode="median") / 1e3
+                row[f"t{tokens}_us"], row[f"t{tokens}_gbps"] = t * 1e6, nbytes / t / GB
+        except Exception as e:  # noqa: BLE001 - a tile that does not fit (shared memory) is skipped
+            row["error"] = str(e)[:200]
+        rows.append(row)
+        say("  moe tiles", json.dumps(row))
+    ok = [r for r in rows if "error" not in r]
+    best = min(ok, key=lambda r: r["t8_us"] + r["t32_us"])
+    default = next(r for r in ok if all(r["config"][k] == v for k, v in moe.DEFAULT_CONFIG.items()))
+    say(f"  moe tiles: default {json.dumps(default)}; fastest {json.dumps(best)}")
+    moe.DEFAULT_CONFIG.update(best["config"])
+    return {"rows": rows, "default": default, "best": best}
+
+
 def suite_items(device) -> dict:
     """r1-staggered-finish and v2-lite-mixed, full profile, hf and paged, through the harness."""
     out = {}
@@ -397,7 +439,7 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
     parser.add_argument("--dry-run", action="store_true", help="scaled-down model on the CPU")
     parser.add_argument("--skip", default="", help="comma-separated sections to skip: "
-                        "batch8,ctx32k,logits,tokens,decode,suite")
+                        "batch8,ctx32k,logits,tokens,moe_tiles,decode,suite")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     device = resolve_device("cpu" if args.dry_run else "cuda")
@@ -424,6 +466,9 @@ def main() -> int:
             wl = make(tmp, "logits", model, [{"count": 16, "prompt_tokens": logit_len, "max_new_tokens": 1}], dtype,
                       engine={"max_num_batched_tokens": 16 * logit_len})
             results["logits"] = logits_agreement(wl, device)
+        if "moe_tiles" not in skip and device.type == "cuda":
+            say("fused MoE tiles, DeepSeek-V2-Lite shapes, bf16:")
+            section(results, "moe_tiles", moe_tiles, device)
         if "decode" not in skip:
             bandwidth = copy_bandwidth(device) if device.type == "cuda" else 10 * GB
             results["copy_bandwidth"] = bandwidth

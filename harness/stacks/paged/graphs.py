@@ -58,6 +58,9 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(self.device)  # before the capture stream's cuBLAS workspace
         self._pad(0)
         self.host[4 * self.max_batch:] = 0  # block 0 in every table
         self.buffer.copy_(self.host)
@@ -69,7 +72,6 @@ class DecodeGraphs:
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
-        before = torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
         for b in reversed(self.buckets):  # largest first: the smaller ones reuse its pool
             graph = torch.cuda.CUDAGraph()
