@@ -199,7 +199,8 @@ def tiny_tokens(directory, device) -> dict:
                        "blocks_unreclaimed": paged.metrics["kv.blocks_unreclaimed"].value,
                        "graphs_note": graphs[0][-160:] if graphs else None}
         say(f"  tokens {preset}: graphs {sum(same)}/{len(same)}, eager {sum(same_eager)}/{len(same)} requests equal "
-            f"to hf over 16 tokens, blocks unreclaimed {out[preset]['blocks_unreclaimed']}; {out[preset]['graphs_note']}")
+            f"to hf over 16 tokens, blocks unreclaimed {out[preset]['blocks_unreclaimed']}; "
+            f"{out[preset]['graphs_note']}")
     return out
 
 
@@ -267,8 +268,8 @@ def decode_steps(preset, batches, prompt, device, bandwidth, dry_run) -> dict:
     params = {id(p): p for p in paged.parameters()}.values()
     all_bytes = sum(p.numel() * p.element_size() for p in params)
     embed = paged.model.embed_tokens.weight
-    expert_bytes = sum(p[0].numel() * p.element_size() for m in moes for p in (m.experts.gate_up_proj,
-                                                                                m.experts.down_proj)) // max(1, len(moes))
+    expert_params = [p for m in moes for p in (m.experts.gate_up_proj, m.experts.down_proj)]
+    expert_bytes = sum(p[0].numel() * p.element_size() for p in expert_params) // max(1, len(moes))
     routed_bytes = expert_bytes * spec.n_routed_experts * len(moes)
     dense_bytes = all_bytes - embed.numel() * embed.element_size() - routed_bytes
     kv_token = spec.kv_bytes_per_token(embed.element_size())
@@ -515,7 +516,8 @@ def main() -> int:
                 g = r.get("graphs_step_s")
                 say(f"| {preset} | {b} | {r['floor_s'] * 1e3:.2f} ms | "
                     + (f"{g * 1e3:.2f} ms ({r['graphs_over_floor']:.2f}x) | " if g else "- | ")
-                    + f"{r['eager_step_s'] * 1e3:.2f} ms ({r['eager_over_floor']:.2f}x) | {r['hf_step_s'] * 1e3:.2f} ms | "
+                    + f"{r['eager_step_s'] * 1e3:.2f} ms ({r['eager_over_floor']:.2f}x) | "
+                    f"{r['hf_step_s'] * 1e3:.2f} ms | "
                     f"{r['hf_over_graphs']:.2f}x | {r.get('experts_touched_per_layer', '-')} | "
                     f"{r['graph_tokens_equal_eager']} |")
     if "suite" in results:

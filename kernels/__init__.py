@@ -96,7 +96,8 @@ def rms_norm(x, weight, eps, residual=None):
 
 
 def apply_rotary(x, cos, sin, interleaved: bool):
-    """(Not `rotary`: that name is the kernel's module.) Rotary embedding of x [T, heads, D] by cos/sin [T, D/2]; a new contiguous tensor in x's dtype."""
+    """Rotary embedding of x [T, heads, D] by cos/sin [T, D/2]; a new contiguous tensor in x's dtype.
+    (Not named `rotary`: that is the kernel's module, which importing would put in this name's place.)"""
     if use_triton(x):
         from .rotary import rotary as impl
     else:
