@@ -13,7 +13,18 @@ transformers, first-step logits against stock in bf16, and token equality on the
    bf16 error, i.e. no more than 1.5x stock's own bf16 error, and wherever its top-1 differs from float32's
    the two are a near tie (float32's margin between them within stock's own bf16 error on that row).
 3. Greedy tokens, float32, the three families scaled down (tests/paged), hf vs paged on the Triton
-   kernels: the first 16 tokens of every request equal.
+   kernels, paged with CUDA graphs and without (engine.cuda_graphs false): the first 16 tokens of every
+   request equal.
+4. Decode step time (section `decode`), bf16, R1-Distill-Qwen-7B at batch 1, 8, 32 and DeepSeek-V2-Lite at
+   batch 8, 32, 512-token prompts: the median engine step (host packing, the graph replay or the eager
+   forward, the token read-back) with CUDA graphs and without, against its floor = (weight bytes the step
+   reads + KV bytes it reads) / measured device copy bandwidth. Weights read: every parameter but the
+   embedding table (its B rows only); for MoE only the experts the step's routing touches (counted per
+   layer on the eager steps). Bar: graphs <= 1.5x floor. Beside it stock transformers' decode step
+   (generate, static batch, same prompts) and the graph/eager token agreement on the same steps.
+5. Suite items (section `suite`), full profile, collectors without the host heap, hf and paged:
+   r1-staggered-finish and v2-lite-mixed. Bar: paged tokens/s >= 3x hf; peak above weights within 1.3x of
+   (KV floor + declared workspace).
 Writes paged_h200.json and paged_h200.log to DIR ($OUT on the device machine); prints a short table last.
 """
 import argparse
@@ -42,6 +53,9 @@ LOG: list[str] = []
 FULL = {}  # the preset as published
 SCALED = dict(layers=2, hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2,
               vocab_size=2048)  # --dry-run
+SCALED_MOE = dict(layers=2, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                  num_attention_heads=4, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+                  n_routed_experts=16, num_experts_per_tok=2, vocab_size=2048)
 
 
 def say(*parts) -> None:
@@ -168,23 +182,253 @@ def logits_agreement(wl, device) -> dict:
 def tiny_tokens(directory, device) -> dict:
     from harness.stacks.hf import HFStack
     from harness.stacks.paged import PagedStack
-    from paged_helpers import FAMILIES, make_workload, run_stack
+    from paged_helpers import ENGINE, FAMILIES, make_workload, run_stack
 
     out = {}
     for preset in FAMILIES:
         wl = make_workload(Path(directory), preset, name=f"tiny-{preset}")
+        eager_wl = make_workload(Path(directory), preset, name=f"tiny-{preset}-eager",
+                                 engine={**ENGINE, "cuda_graphs": False})
         hf, _ = run_stack(HFStack, wl, device.type)
         paged, _ = run_stack(PagedStack, wl, device.type)
+        eager, _ = run_stack(PagedStack, eager_wl, device.type)
         same = [a[:16] == b[:16] for a, b in zip(hf.outputs, paged.outputs)]
-        out[preset] = {"requests": len(same), "equal": sum(same),
-                       "blocks_unreclaimed": paged.metrics["kv.blocks_unreclaimed"].value}
-        say(f"  tokens {preset}: {sum(same)}/{len(same)} requests equal over 16 tokens, "
-            f"blocks unreclaimed {out[preset]['blocks_unreclaimed']}")
+        same_eager = [a[:16] == b[:16] for a, b in zip(hf.outputs, eager.outputs)]
+        graphs = [n for n in paged.notes if "CUDA graphs" in n or "eagerly" in n]
+        out[preset] = {"requests": len(same), "equal": sum(same), "equal_eager": sum(same_eager),
+                       "blocks_unreclaimed": paged.metrics["kv.blocks_unreclaimed"].value,
+                       "graphs_note": graphs[0][-160:] if graphs else None}
+        say(f"  tokens {preset}: graphs {sum(same)}/{len(same)}, eager {sum(same_eager)}/{len(same)} requests equal "
+            f"to hf over 16 tokens, blocks unreclaimed {out[preset]['blocks_unreclaimed']}; "
+            f"{out[preset]['graphs_note']}")
     return out
+
+
+def copy_bandwidth(device) -> float:
+    """Device-to-device copy of 2 GiB, bytes read + written per second (median of 10)."""
+    src = torch.randn(2**29, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * 2**31 / sorted(times[2:])[len(times[2:]) // 2]
+
+
+def decode_steps(preset, batches, prompt, device, bandwidth, dry_run) -> dict:
+    """Decode step time of the paged engine, graphs on and off, and of stock transformers, per batch."""
+    from harness.models import build_hf_model, prompt_ids
+    from harness.stacks.paged.config import EngineConfig, ModelSpec, blocks_needed
+    from harness.stacks.paged.engine import Engine
+    from harness.stacks.paged.model import CausalLM
+    from harness.stacks.paged.moe import MoE
+    from harness.stacks.paged.sequence import Request
+
+    steps = 4 if dry_run else 24
+    with tempfile.TemporaryDirectory() as tmp:
+        model = {"preset": preset, **(SCALED_MOE if dry_run and preset != "r1-distill-qwen-7b" else
+                                      SCALED if dry_run else {})}
+        wl = make(tmp, f"decode-{preset}", model,
+                  [{"count": max(batches), "prompt_tokens": prompt, "max_new_tokens": 4 * steps + 8}],
+                  "float32" if dry_run else "bfloat16")
+    hf = build_hf_model(wl, device)
+    spec = ModelSpec.from_hf(hf.config)
+    prompts = prompt_ids(wl, spec.vocab)
+    rows = {}
+    with torch.inference_mode():
+        for b in batches:  # stock transformers: (generate 1 + steps new tokens) - (generate 1), per step
+            ids = torch.tensor(prompts[:b], device=device)
+            timed = []
+            for new in (1, steps + 1, 1, steps + 1):
+                sync(device)
+                t = time.perf_counter()
+                hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+                sync(device)
+                timed.append(time.perf_counter() - t)
+            rows[b] = {"hf_step_s": (timed[3] - timed[2]) / steps}
+    requests = wl.request_list()
+    cfg = EngineConfig.from_workload(wl, requests)
+    paged = CausalLM.from_hf(hf, spec, 1 << 20)
+    del hf
+    gc.collect()
+    paged.fuse_projections()
+    engine = Engine(paged, spec, cfg, paged.lm_head.weight.dtype, device,
+                    graph_sizes=(max(batches), max(blocks_needed(r, cfg.block_size) for r in requests)))
+    if engine.runner.graphs is not None:
+        engine.warmup()
+    graphs = engine.runner.graphs
+    moes = [m for m in paged.modules() if isinstance(m, MoE)]
+    touched: list[torch.Tensor] = []  # each MoE layer's expert ids on eager steps (counted after the timing)
+    hooks = [m.gate.register_forward_hook(lambda mod, inp, out: touched.append(out[1].clone())) for m in moes]
+    params = {id(p): p for p in paged.parameters()}.values()
+    all_bytes = sum(p.numel() * p.element_size() for p in params)
+    embed = paged.model.embed_tokens.weight
+    expert_params = [p for m in moes for p in (m.experts.gate_up_proj, m.experts.down_proj)]
+    expert_bytes = sum(p[0].numel() * p.element_size() for p in expert_params) // max(1, len(moes))
+    routed_bytes = expert_bytes * spec.n_routed_experts * len(moes)
+    dense_bytes = all_bytes - embed.numel() * embed.element_size() - routed_bytes
+    kv_token = spec.kv_bytes_per_token(embed.element_size())
+    for b in batches:
+        seqs = [Request(i, p, 4 * steps + 8, 0, cfg.block_size) for i, p in enumerate(prompts[:b])]
+        for s in seqs:
+            engine.scheduler.add(s)
+        while any(s.num_computed < len(s) - 1 or s.num_computed == 0 for s in seqs):  # prefill
+            batch = engine.scheduler.schedule()
+            engine.scheduler.finish_step(batch, engine.runner.step(batch), 0.0)
+        row = rows[b]
+        same = total = 0
+        for mode in ("graphs", "eager"):
+            engine.runner.graphs = graphs if mode == "graphs" else None
+            if mode == "graphs" and graphs is None:
+                continue
+            touched.clear()
+            times, kv_read = [], []
+            for _ in range(steps):
+                batch = engine.scheduler.schedule()
+                kv_read.append(sum(s.num_computed + 1 for s, _ in batch) * kv_token)
+                sync(device)
+                t = time.perf_counter()
+                sampled = engine.runner.step(batch)
+                times.append(time.perf_counter() - t)
+                if mode == "graphs":  # the same step eagerly (it rewrites the same cache slots)
+                    engine.runner.graphs = None
+                    again = engine.runner.step(batch)
+                    engine.runner.graphs = graphs
+                    same += sum(again[k] == v for k, v in sampled.items())
+                    total += len(sampled)
+                engine.scheduler.finish_step(batch, sampled, 0.0)
+            step = sorted(times)[len(times) // 2]
+            row[f"{mode}_step_s"] = step
+            if touched:  # eager steps only: the hooks do not run inside a graph replay
+                row["experts_touched_per_layer"] = sum(t.unique().numel() for t in touched) / len(touched)
+        experts = row.get("experts_touched_per_layer", 0) * expert_bytes * len(moes)
+        row["weight_bytes_read"] = dense_bytes + b * embed.shape[1] * embed.element_size() + experts
+        row["kv_bytes_read"] = sum(kv_read) / len(kv_read)
+        row["floor_s"] = (row["weight_bytes_read"] + row["kv_bytes_read"]) / bandwidth
+        for mode in ("graphs", "eager"):
+            if f"{mode}_step_s" in row:
+                row[f"{mode}_over_floor"] = row[f"{mode}_step_s"] / row["floor_s"]
+        row["hf_over_graphs"] = row["hf_step_s"] / row.get("graphs_step_s", row["eager_step_s"])
+        row["graph_tokens_equal_eager"] = f"{same}/{total}"
+        for s in seqs:  # hand the blocks back for the next batch
+            if s in engine.scheduler.running:
+                engine.scheduler.running.remove(s)
+                engine.blocks.free(s)
+        say(f"  decode {preset} batch {b}: " + json.dumps({k: (round(v, 6) if isinstance(v, float) else v)
+                                                         for k, v in row.items()}))
+    for h in hooks:
+        h.remove()
+    out = {"batches": rows, "weights_bytes": all_bytes, "expert_bytes": expert_bytes, "moe_layers": len(moes),
+           "graph_pool_bytes": graphs.pool_bytes if graphs else None, "prompt_tokens": prompt, "steps": steps}
+    del engine, paged, graphs
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def moe_tiles(device) -> dict:
+    """The fused MoE kernels on DeepSeek-V2-Lite's shapes (64 experts of 2 x 1408 x 2048, top 6) at 8 and 32
+    tokens: each tile configuration's time (triton.testing.do_bench, median) and bandwidth over the experts
+    touched; the fastest over both sizes becomes kernels.moe.DEFAULT_CONFIG for the sections after this one."""
+    import itertools
+
+    import triton.testing
+
+    from kernels import moe
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    experts, hidden, inter, top_k = 64, 2048, 1408, 6
+    gate_up = torch.randn(experts, 2 * inter, hidden, device=device, dtype=torch.bfloat16, generator=gen) * 0.02
+    down = torch.randn(experts, hidden, inter, device=device, dtype=torch.bfloat16, generator=gen) * 0.02
+    cases = {}
+    for tokens in (8, 32):
+        x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, generator=gen)
+        ids = torch.stack([torch.randperm(experts, device=device, generator=gen)[:top_k] for _ in range(tokens)])
+        weights = torch.rand(tokens, top_k, device=device, generator=gen)
+        touched = int(ids.unique().numel())
+        cases[tokens] = (x, ids, weights, touched * 3 * inter * hidden * 2)
+    rows = []
+    for bn, bk, stages, warps in itertools.product((32, 64, 128), (64, 128, 256), (3, 4), (4,)):
+        cfg = {"block_n": bn, "block_k": bk, "num_stages": stages, "num_warps": warps}
+        row = {"config": cfg}
+        try:
+            for tokens, (x, ids, weights, nbytes) in cases.items():
+                t = triton.testing.do_bench(lambda: moe.fused_moe(x, gate_up, down, weights, ids, config=cfg),
+                                            warmup=25, rep=100, return_mode="median") / 1e3
+                row[f"t{tokens}_us"], row[f"t{tokens}_gbps"] = t * 1e6, nbytes / t / GB
+        except Exception as e:  # noqa: BLE001 - a tile that does not fit (shared memory) is skipped
+            row["error"] = str(e)[:200]
+        rows.append(row)
+        say("  moe tiles", json.dumps(row))
+    ok = [r for r in rows if "error" not in r]
+    best = min(ok, key=lambda r: r["t8_us"] + r["t32_us"])
+    default = next(r for r in ok if all(r["config"][k] == v for k, v in moe.DEFAULT_CONFIG.items()))
+    say(f"  moe tiles: default {json.dumps(default)}; fastest {json.dumps(best)}")
+    moe.DEFAULT_CONFIG.update(best["config"])
+    return {"rows": rows, "default": default, "best": best}
+
+
+def suite_items(device) -> dict:
+    """r1-staggered-finish and v2-lite-mixed, full profile, hf and paged, through the harness."""
+    out = {}
+    for path, name in (("suites/r1_long_context.yaml", "r1-staggered-finish"), ("suites/v2_moe.yaml", "v2-lite-mixed")):
+        wl = next(w for w in workload.load_file(str(ROOT / path), "full", stacks.names(), config.load(ROOT).thresholds)
+                  if w.name == name)
+        rows = {}
+        for stack in ("hf", "paged"):
+            t = time.perf_counter()
+            m = measure(wl, stack, device, CollectorOptions(python_heap=False, cpu_tensors=device.type == "cpu"))
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            metric = {k: v.value for k, v in m.metrics.items()}
+            peak = metric.get("gpu.heap_alloc.peak") if device.type == "cuda" else metric.get("cpu.heap_alloc.peak")
+            weights, ws = m.floors.get("weights"), m.floors.get("workspace")
+            rows[stack] = {"error": m.error and m.error["message"][:300], "wall_s": round(time.perf_counter() - t, 1),
+                           "tokens_per_s": metric.get("tokens_per_s"), "tpot": metric.get("tpot"),
+                           "ttft": metric.get("ttft"), "peak": peak, "weights": weights, "kv_floor": m.floors["kv"],
+                           "workspace": ws, "reserved_peak": metric.get("gpu.reserved.peak"),
+                           "notes": [n[:300] for n in m.notes if not n.startswith("Traceback")][:4]}
+            if peak is not None and weights and ws is not None:
+                rows[stack]["above_over_declared"] = (peak - weights) / (m.floors["kv"] + ws)
+            say(f"  {name}[{stack}]: " + json.dumps(rows[stack], default=str)[:1200])
+        if rows["hf"]["tokens_per_s"] and rows["paged"]["tokens_per_s"]:
+            rows["paged_over_hf"] = rows["paged"]["tokens_per_s"] / rows["hf"]["tokens_per_s"]
+        out[name] = rows
+    return out
+
+
+def section(results: dict, key: str, fn, *args) -> None:
+    """results[key] = fn(*args); a failure is logged with its traceback and the next section still runs."""
+    try:
+        results[key] = fn(*args)
+    except Exception:  # noqa: BLE001 - one device call measures every section it can
+        import traceback
+
+        say(f"  {key} FAILED:", traceback.format_exc(limit=12))
+        results[key + "_error"] = traceback.format_exc(limit=12)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def fmt(b) -> str:
     return "-" if b is None else f"{b / GB:.3f} GB"
+
+
+def ms(x) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f} ms"
 
 
 def num(x) -> str:
@@ -195,7 +439,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
     parser.add_argument("--dry-run", action="store_true", help="scaled-down model on the CPU")
-    parser.add_argument("--skip", default="", help="comma-separated sections to skip: batch8,ctx32k,logits,tokens")
+    parser.add_argument("--skip", default="", help="comma-separated sections to skip: "
+                        "batch8,ctx32k,logits,tokens,moe_tiles,decode,suite")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     device = resolve_device("cpu" if args.dry_run else "cuda")
@@ -208,7 +453,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if "tokens" not in skip:
             say("greedy tokens, float32, scaled-down families, hf vs paged:")
-            results["tokens"] = tiny_tokens(tmp, device)
+            section(results, "tokens", tiny_tokens, tmp, device)
         if "batch8" not in skip:
             say(f"memory: batch 8 x ({prompt} prompt + 128 new), {dtype}:")
             wl = make(tmp, "batch8", model, [{"count": 8, "prompt_tokens": prompt, "max_new_tokens": 128}], dtype)
@@ -222,6 +467,19 @@ def main() -> int:
             wl = make(tmp, "logits", model, [{"count": 16, "prompt_tokens": logit_len, "max_new_tokens": 1}], dtype,
                       engine={"max_num_batched_tokens": 16 * logit_len})
             results["logits"] = logits_agreement(wl, device)
+        if "moe_tiles" not in skip and device.type == "cuda":
+            say("fused MoE tiles, DeepSeek-V2-Lite shapes, bf16:")
+            section(results, "moe_tiles", moe_tiles, device)
+        if "decode" not in skip:
+            bandwidth = copy_bandwidth(device) if device.type == "cuda" else 10 * GB
+            results["copy_bandwidth"] = bandwidth
+            say(f"decode steps, {dtype}, 512-token prompts; copy bandwidth {bandwidth / GB:.0f} GB/s:")
+            results["decode"] = {}
+            for preset, batches in (("r1-distill-qwen-7b", (1, 8, 32)), ("deepseek-v2-lite", (8, 32))):
+                section(results["decode"], preset, decode_steps, preset, batches, 512, device, bandwidth, args.dry_run)
+        if "suite" not in skip and not args.dry_run:
+            say("suite items, full profile, collectors without the host heap:")
+            section(results, "suite", suite_items, device)
     results["seconds"] = round(time.perf_counter() - t0, 1)
 
     say("")
@@ -243,7 +501,35 @@ def main() -> int:
             f"paged vs hf {lg['rel_err_paged_vs_hf']:.4f} | top-1 = hf {lg['top1_paged_eq_hf']}/{lg['prompts']}; "
             f"{len(ties)} misses vs fp32, {sum(m['near_tie'] for m in ties)} near ties | | | {lg['pass']} |")
     for preset, r in results.get("tokens", {}).items():
-        say(f"| tokens {preset} | | {r['equal']}/{r['requests']} equal | | | | | {r['equal'] == r['requests']} |")
+        ok = r["equal"] == r["equal_eager"] == r["requests"]
+        say(f"| tokens {preset} | | graphs {r['equal']}/{r['requests']}, eager {r['equal_eager']}/{r['requests']} "
+            f"equal to hf | | | | | {ok} |")
+    if "decode" in results:
+        say("")
+        say("| decode step | batch | floor | graphs (x floor, <= 1.5) | eager (x floor) | hf | hf / graphs "
+            "| experts touched/layer | graph = eager tokens |")
+        say("|---|---|---|---|---|---|---|---|---|")
+        for preset, d in results["decode"].items():
+            if "batches" not in d:
+                continue
+            for b, r in d["batches"].items():
+                g = r.get("graphs_step_s")
+                say(f"| {preset} | {b} | {r['floor_s'] * 1e3:.2f} ms | "
+                    + (f"{g * 1e3:.2f} ms ({r['graphs_over_floor']:.2f}x) | " if g else "- | ")
+                    + f"{r['eager_step_s'] * 1e3:.2f} ms ({r['eager_over_floor']:.2f}x) | "
+                    f"{r['hf_step_s'] * 1e3:.2f} ms | "
+                    f"{r['hf_over_graphs']:.2f}x | {r.get('experts_touched_per_layer', '-')} | "
+                    f"{r['graph_tokens_equal_eager']} |")
+    if "suite" in results:
+        say("")
+        say("| suite item | hf tokens/s | paged tokens/s | paged / hf (>= 3) | hf tpot | paged tpot "
+            "| paged above weights / (KV + ws) (<= 1.3) |")
+        say("|---|---|---|---|---|---|---|")
+        for name, r in results["suite"].items():
+            h, p = r["hf"], r["paged"]
+            say(f"| {name} | {num(h['tokens_per_s'])} | {num(p['tokens_per_s'])} | "
+                f"{r.get('paged_over_hf', 0):.2f}x | {ms(h['tpot'])} | {ms(p['tpot'])} | "
+                f"{p.get('above_over_declared', float('nan')):.3f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "paged_h200.json").write_text(json.dumps(results, indent=1, default=str))

@@ -23,7 +23,8 @@ REQUEST_KEYS = {"count", "prompt_tokens", "max_new_tokens", "images", "arrival_s
 # experts in an MoE model: the skewed-routing case).
 TOKEN_PATTERNS = ("random", "repeated")
 ENGINE_KEYS = {"block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens",
-               "gpu_memory_utilization", "enforce_eager", "chunked_prefill", "num_blocks", "attention_backend"}
+               "gpu_memory_utilization", "enforce_eager", "chunked_prefill", "num_blocks", "attention_backend",
+               "cuda_graphs"}
 # vLLM names its attention backends in capitals (FLASH_ATTN, FLASHINFER, FLASHMLA, TRITON_ATTN, CPU_ATTN, ...).
 ATTENTION_BACKEND = re.compile(r"^[A-Z][A-Z0-9_]*$")
 MODEL_META = {"preset", "config", "dtype", "seed"}
@@ -324,7 +325,7 @@ def _check_engine(engine: dict, err) -> None:
     for key in ("block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "num_blocks"):
         if key in engine:
             _int(engine, key, sub, minimum=1)
-    for key in ("enforce_eager", "chunked_prefill"):
+    for key in ("enforce_eager", "chunked_prefill", "cuda_graphs"):
         if key in engine and not isinstance(engine[key], bool):
             raise sub(key, f"must be true or false, got {engine[key]!r}")
     backend = engine.get("attention_backend")

@@ -13,7 +13,8 @@ from .block_manager import BlockManager
 from .dispatch import use_triton
 from .sequence import Sequence
 
-__all__ = ["BlockManager", "Sequence", "paged_decode", "paged_prefill", "mla_decode", "write_kv", "write_latent"]
+__all__ = ["BlockManager", "Sequence", "paged_decode", "paged_prefill", "mla_decode", "write_kv", "write_latent",
+           "fused_moe", "rms_norm", "apply_rotary", "silu_mul_"]
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale):
@@ -71,3 +72,43 @@ def write_latent(latent, latent_cache, slot_mapping):
     else:
         from .reference import write_latent as impl
     impl(latent, latent_cache, slot_mapping)
+
+
+def fused_moe(x, gate_up, down, weights, ids):
+    """The routed experts of a MoE layer: each token through its top_k experts' gated MLPs, weighted.
+    x [T, hidden]; gate_up [experts, 2 x inter, hidden]; down [experts, hidden, inter]; weights [T, top_k]
+    float32 (routing weights, scaling included); ids [T, top_k]. Returns [T, hidden] in x's dtype."""
+    if use_triton(x):
+        from .moe import fused_moe as impl
+    else:
+        from .reference import fused_moe as impl
+    return impl(x, gate_up, down, weights, ids)
+
+
+def rms_norm(x, weight, eps, residual=None):
+    """weight * x / rms(x) over the last dim (transformers' roundings); with residual, x += residual first,
+    in place (x then holds the new residual stream). One launch on CUDA."""
+    if use_triton(x):
+        from .norm import rms_norm as impl
+    else:
+        from .reference import rms_norm as impl
+    return impl(x, weight, eps, residual)
+
+
+def apply_rotary(x, cos, sin, interleaved: bool):
+    """Rotary embedding of x [T, heads, D] by cos/sin [T, D/2]; a new contiguous tensor in x's dtype.
+    (Not named `rotary`: that is the kernel's module, which importing would put in this name's place.)"""
+    if use_triton(x):
+        from .rotary import rotary as impl
+    else:
+        from .reference import rotary as impl
+    return impl(x, cos, sin, interleaved)
+
+
+def silu_mul_(gate_up):
+    """gate_up [T, 2 x inter] -> its gate half [T, inter] (a view), overwritten with silu(gate) * up."""
+    if use_triton(gate_up):
+        from .activation import silu_mul_ as impl
+    else:
+        from .reference import silu_mul_ as impl
+    return impl(gate_up)

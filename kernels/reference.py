@@ -88,3 +88,59 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale) -> to
         q = torch.cat([q_latent[i], q_pe[i]], dim=-1)  # [H, R + P]
         out[i] = _attend(q[None], kv[None], kv[None, :, :rank], scale)[0].to(q_latent.dtype)
     return out
+
+
+def fused_moe(x, gate_up, down, weights, ids) -> torch.Tensor:
+    """Routed experts: picks grouped by expert (one sort), each expert's rows through its gated MLP,
+    weighted and added to their tokens. x [T, hidden]; gate_up [E, 2 x inter, hidden]; down [E, hidden,
+    inter]; weights [T, top_k] float32; ids [T, top_k]. One Python loop over experts (a host sync)."""
+    import torch.nn.functional as F
+
+    top_k = ids.shape[1]
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    token_of = order // top_k
+    out = torch.zeros_like(x)
+    start = 0
+    for expert, n in enumerate(counts):
+        if not n:
+            continue
+        rows, picks = token_of[start:start + n], order[start:start + n]
+        gate, up = F.linear(x[rows], gate_up[expert]).chunk(2, dim=-1)
+        h = F.linear(F.silu(gate) * up, down[expert])
+        out.index_add_(0, rows, (h * weights.flatten()[picks, None]).to(out.dtype))
+        start += n
+    return out
+
+
+def rms_norm(x, weight, eps, residual=None) -> torch.Tensor:
+    """transformers' RMSNorm (float32 statistics, the weight multiplied in the input dtype); with residual,
+    x += residual first, in place."""
+    if residual is not None:
+        x += residual
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rotary(x, cos, sin, interleaved: bool) -> torch.Tensor:
+    """x [T, heads, D] rotated by cos/sin [T, D/2]: halves (neox, in x's dtype) or (even, odd) pairs
+    (interleaved, in float32, written evens then odds)."""
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if interleaved:
+        x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
+    else:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def silu_mul_(gate_up) -> torch.Tensor:
+    """gate_up [T, 2 x inter] -> its gate half, overwritten with silu(gate) * up."""
+    import torch.nn.functional as F
+
+    h, up = gate_up.chunk(2, dim=-1)
+    F.silu(h, inplace=True).mul_(up)
+    return h

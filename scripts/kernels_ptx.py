@@ -22,11 +22,12 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kernels import cache_write, decode, mla, prefill  # noqa: E402
+from kernels import activation, cache_write, decode, mla, moe, norm, prefill, rotary  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}
-OPTIONS = ("num_warps", "num_stages", "maxnreg")
+OPTIONS = ("num_warps", "num_stages", "maxnreg", "enable_fp_fusion")
+GPU_MOE_TILES = {k: moe.DEFAULT_CONFIG[k] for k in ("block_n", "block_k")}  # the GPU's tiles, not the CPU's
 
 
 def arg_type(value) -> str:
@@ -89,6 +90,17 @@ def launches() -> dict[str, tuple]:
                                                  k, v, torch.arange(4, dtype=torch.int64)),
         "write latent": lambda: cache_write.write_latent(torch.randn(4, 576, dtype=bf16), latent,
                                                          torch.arange(4, dtype=torch.int64)),
+        "rms norm + residual 3584": lambda: norm.rms_norm(
+            torch.randn(4, 3584, dtype=bf16), torch.randn(3584, dtype=bf16), 1e-6,
+            residual=torch.randn(4, 3584, dtype=bf16)),
+        "rotary neox 28 x 128": lambda: rotary.rotary(
+            torch.randn(4, 28, 128, dtype=bf16), torch.randn(4, 64, dtype=bf16), torch.randn(4, 64, dtype=bf16), False),
+        "rotary interleaved 16 x 64": lambda: rotary.rotary(torch.randn(4, 16, 64, dtype=bf16), torch.randn(4, 32),
+                                                            torch.randn(4, 32), True),
+        "silu * up 18944": lambda: activation.silu_mul_(torch.randn(4, 2 * 18944, dtype=bf16)),
+        "moe 8 experts, top 2": lambda: moe.fused_moe(
+            torch.randn(5, 256, dtype=bf16), torch.randn(8, 2 * 96, 256, dtype=bf16),
+            torch.randn(8, 256, 96, dtype=bf16), torch.rand(5, 2), torch.randint(0, 8, (5, 2)), config=GPU_MOE_TILES),
     }
     for case, call in cases.items():
         for kernel, values, options in capture(call):

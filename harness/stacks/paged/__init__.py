@@ -14,6 +14,7 @@ One concept per file, nano-vllm style:
   sequence.py   Request: a kernels.Sequence plus engine state
   scheduler.py  Scheduler: token budget, chunked prefill, admission, preemption by recompute
   runner.py     ModelRunner: packs a batch, runs the model, samples greedily
+  graphs.py     DecodeGraphs: CUDA graphs of decode steps per batch-size bucket, pinned input buffer
   meter.py      KVMeter: kv.* metrics after every step
   workspace.py  the declared activation workspace
   engine.py     Engine: the arrival/schedule/run/finish loop

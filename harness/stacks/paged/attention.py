@@ -11,7 +11,7 @@ import kernels
 
 from .config import ModelSpec
 from .context import StepContext
-from .layers import Rotary
+from .layers import Rotary, fused_linear
 
 
 class Attention(nn.Module):
@@ -25,12 +25,24 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.scale = spec.head_dim ** -0.5
         self.k_cache = self.v_cache = None  # [num_blocks, block_size, kv_heads, head_dim], set by KVPool
+        self.qkv_proj = None  # after fuse(): one [q; k; v] projection
+
+    def fuse(self) -> None:
+        self.qkv_proj = fused_linear(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return self.qkv_proj(x).split([q, kv, kv], dim=-1)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         t = x.shape[0]
-        q = self.rotary.apply(self.q_proj(x).view(t, self.heads, self.head_dim), ctx.cos, ctx.sin)
-        k = self.rotary.apply(self.k_proj(x).view(t, self.kv_heads, self.head_dim), ctx.cos, ctx.sin)
-        v = self.v_proj(x).view(t, self.kv_heads, self.head_dim)
+        q, k, v = self._project(x)
+        q = self.rotary.apply(q.view(t, self.heads, self.head_dim), ctx.cos, ctx.sin)
+        k = self.rotary.apply(k.view(t, self.kv_heads, self.head_dim), ctx.cos, ctx.sin)
+        v = v.view(t, self.kv_heads, self.head_dim)
         kernels.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         del k, v
         nd = ctx.num_decode

@@ -110,6 +110,7 @@ class EngineConfig:
     max_num_batched_tokens: int  # tokens one forward pass may carry: decodes plus prefill chunks
     chunked_prefill: bool = True
     num_blocks_source: str = "engine.num_blocks"
+    cuda_graphs: bool = True  # decode steps replay CUDA graphs (on CUDA); engine.cuda_graphs / enforce_eager
 
     @classmethod
     def from_workload(cls, workload, requests) -> "EngineConfig":
@@ -133,7 +134,9 @@ class EngineConfig:
             if blocks_needed(r, block_size, per_image) > num_blocks:
                 raise ValueError(f"a request of {input_tokens(r, per_image)}+{r.max_new_tokens} tokens needs "
                                  f"{blocks_needed(r, block_size, per_image)} KV blocks; the pool has {num_blocks}")
-        return cls(block_size, num_blocks, int(e.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)), budget, chunked, source)
+        graphs = bool(e.get("cuda_graphs", True)) and not e.get("enforce_eager", False)
+        return cls(block_size, num_blocks, int(e.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)), budget, chunked, source,
+                   graphs)
 
 
 def input_tokens(request, image_tokens: int = 0) -> int:

@@ -11,6 +11,7 @@ import torch
 from kernels import BlockManager
 
 from .config import EngineConfig, ModelSpec
+from .graphs import DecodeGraphs
 from .kv_pool import KVPool
 from .meter import KVMeter
 from .runner import ModelRunner
@@ -19,15 +20,31 @@ from .sequence import Request
 
 
 class Engine:
-    def __init__(self, model, spec: ModelSpec, cfg: EngineConfig, dtype, device, vision=None):
+    def __init__(self, model, spec: ModelSpec, cfg: EngineConfig, dtype, device, vision=None,
+                 graph_sizes: tuple[int, int] | None = None):
+        """graph_sizes (most sequences in a step, most blocks a sequence holds): capture CUDA graphs of
+        decode steps up to those sizes (on CUDA, with engine.cuda_graphs on); None runs eagerly."""
         self.cfg, self.device = cfg, device
         # No prefix caching: the block manager seals a prompt's full blocks at allocation, before their
         # K/V exists, so a hit on a block still being prefilled (or preempted) would read garbage.
         self.blocks = BlockManager(cfg.num_blocks, cfg.block_size, prefix_caching=False)
         self.pool = KVPool(model, spec, cfg, dtype, device)
-        self.runner = ModelRunner(model, device, vision)
+        graphs = None
+        if graph_sizes and cfg.cuda_graphs and torch.device(device).type == "cuda":
+            graphs = DecodeGraphs(model, device, *graph_sizes)
+        self.runner = ModelRunner(model, device, vision, graphs)
         self.scheduler = Scheduler(cfg, self.blocks)
         self.steps = 0
+
+    def warmup(self, prefill_tokens: int = 0) -> None:
+        """Before the timed run, on CUDA: compile the prefill kernels with one pass of prefill_tokens that
+        writes no cache slot, and capture the decode graphs (their kernels compiled on the way)."""
+        if self.device.type != "cuda":
+            return
+        if prefill_tokens > 1:
+            self.runner.warm_prefill(prefill_tokens, self.cfg.block_size)
+        if self.runner.graphs is not None and not self.runner.graphs.captured:
+            self.runner.graphs.capture()
 
     def generate(self, requests, prompts, probe, image_tokens=None, image_sources=None):
         """Serve every request (prompts: full token ids, image placeholders first); returns them (in

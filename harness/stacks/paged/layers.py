@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import kernels
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
@@ -15,25 +17,45 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """With residual: x += residual first (in place), in the same launch on CUDA."""
+        return kernels.rms_norm(x, self.weight, self.eps, residual)
+
+
+def fused_linear(*linears: nn.Linear) -> nn.Linear:
+    """One linear layer whose output is the given layers' outputs side by side (one matrix product
+    instead of several). Their weights are concatenated; the originals go with their modules."""
+    out = sum(lin.out_features for lin in linears)
+    bias = linears[0].bias is not None
+    with torch.device("meta"):
+        fused = nn.Linear(linears[0].in_features, out, bias=bias)
+    fused.weight = nn.Parameter(torch.cat([lin.weight for lin in linears]), requires_grad=False)
+    if bias:
+        fused.bias = nn.Parameter(torch.cat([lin.bias for lin in linears]), requires_grad=False)
+    return fused
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), the activation and product done in place (two intermediate rows live, not four)."""
+    """down(silu(gate(x)) * up(x)), the activation and product done in place (two intermediate rows live, not four).
+    After fuse(), gate and up are one projection (gate_up_proj: [gate; up] rows)."""
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_up_proj = None
+
+    def fuse(self) -> None:
+        self.gate_up_proj = fused_linear(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.silu(self.gate_proj(x), inplace=True)
-        h.mul_(self.up_proj(x))
+        if self.gate_up_proj is None:
+            h = F.silu(self.gate_proj(x), inplace=True)
+            h.mul_(self.up_proj(x))
+        else:  # h: the gate half of [gate, up] rows, a strided view the down projection reads in place
+            h = kernels.silu_mul_(self.gate_up_proj(x))
         return self.down_proj(h)
 
 
@@ -56,11 +78,5 @@ class Rotary:
         return cos, sin
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, D] -> rotated, same shape and dtype."""
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        if self.interleaved:
-            x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
-        else:
-            half = x.shape[-1] // 2
-            x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+        """x [T, heads, D] -> rotated, same shape and dtype (one launch on CUDA)."""
+        return kernels.apply_rotary(x, cos, sin, self.interleaved)

@@ -30,10 +30,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         a = self.self_attn(self.input_layernorm(h), ctx)
-        a += h
-        h = a
-        m = self.mlp(self.post_attention_layernorm(h))
-        m += h
+        m = self.mlp(self.post_attention_layernorm(a, residual=h))  # a += h inside the norm's launch
+        m += a
         return m
 
 
@@ -65,6 +63,20 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Hidden states [T, hidden] before the final norm."""
         return self.model(input_ids, ctx)
+
+    def fuse_projections(self) -> None:
+        """q/k/v into one projection and gate/up into one (dense MLPs, shared experts), layer by layer:
+        one matrix product where there were three (two). The concatenated copy of a layer is made while
+        its originals are still held, and on CUDA the originals' memory goes back to the driver before
+        the next layer, so the transient is one layer's projections (in gpu.reserved too)."""
+        for layer in self.model.layers:
+            if isinstance(layer.self_attn, Attention):
+                layer.self_attn.fuse()
+            mlp = layer.mlp.shared_experts if isinstance(layer.mlp, MoE) else layer.mlp
+            if mlp is not None:
+                mlp.fuse()
+            if self.lm_head.weight.is_cuda:
+                torch.cuda.empty_cache()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of the given rows only (the last token of each sequence that samples)."""

@@ -4,12 +4,15 @@ their weighted outputs add to the shared experts' output.
 Routing follows the preset: greedy (softmax, top-k: V2-Lite), group_limited_greedy (softmax, top-k
 inside the best groups: V2), noaux_tc (sigmoid plus correction bias, groups ranked by their top-2
 sum, normalised weights: V3). Expert weights keep transformers' fused layout: gate_up_proj
-[experts, 2 x moe_intermediate, hidden], down_proj [experts, hidden, moe_intermediate]."""
+[experts, 2 x moe_intermediate, hidden], down_proj [experts, hidden, moe_intermediate], run by
+kernels.fused_moe."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+import kernels
 
 from .config import ModelSpec
 from .layers import GatedMLP
@@ -59,23 +62,9 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(spec.n_routed_experts, spec.hidden, spec.moe_intermediate))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Tokens grouped by expert (one sort), each expert's rows through its gated MLP."""
-        top_k = ids.shape[1]
-        flat = ids.flatten()
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
-        token_of = order // top_k
-        out = torch.zeros_like(x)
-        start = 0
-        for expert, n in enumerate(counts):
-            if not n:
-                continue
-            rows, picks = token_of[start:start + n], order[start:start + n]
-            gate, up = F.linear(x[rows], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, self.down_proj[expert])
-            out.index_add_(0, rows, (h * weights.flatten()[picks, None]).to(out.dtype))
-            start += n
-        return out
+        """Picks sorted by expert: the fused Triton kernels on CUDA (two launches, no host sync), the
+        torch reference (a loop over experts) on the CPU."""
+        return kernels.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids)
 
 
 class MoE(nn.Module):

@@ -8,18 +8,26 @@ import torch
 from kernels import BlockManager
 
 from .context import StepContext
+from .graphs import DecodeGraphs
 from .model import CausalLM
 from .sequence import Request
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, device, vision=None):
-        self.model, self.device, self.vision = model, device, vision
+    def __init__(self, model: CausalLM, device, vision=None, graphs: DecodeGraphs | None = None):
+        self.model, self.device, self.vision, self.graphs = model, device, vision, graphs
 
     @torch.inference_mode()
     def step(self, batch: list[tuple[Request, int]], return_logits: bool = False):
         """Feed each (sequence, n): its next n tokens. Returns {seq_id: token} for every sequence whose
-        last token was fed (and the float32 logits of those rows, in batch order, when asked)."""
+        last token was fed (and the float32 logits of those rows, in batch order, when asked).
+        A batch of decodes only replays a CUDA graph when the engine captured them."""
+        if self.graphs is not None and not return_logits and self._decode_only(batch):
+            seqs = [s for s, _ in batch]
+            positions = [s.num_computed for s in seqs]
+            tokens = self.graphs.run([s.token_ids[p] for s, p in zip(seqs, positions)], positions,
+                                     [s.slot(p) for s, p in zip(seqs, positions)], [s.block_table for s in seqs])
+            return {s.seq_id: t for s, t in zip(seqs, tokens)}
         decode = [(s, n) for s, n in batch if n == 1]
         prefill = [(s, n) for s, n in batch if n > 1]
         ids, positions, slots, sample_rows, samplers = [], [], [], [], []
@@ -49,6 +57,24 @@ class ModelRunner:
         tokens = logits.argmax(-1).tolist()
         sampled = {s.seq_id: t for s, t in zip(samplers, tokens)}
         return (sampled, logits) if return_logits else sampled
+
+    @torch.inference_mode()
+    def warm_prefill(self, num_tokens: int, block_size: int) -> None:
+        """One prefill pass of num_tokens (one sequence) that writes no cache slot and attends over block 0:
+        the prefill-shaped kernels compile (Triton JIT) here rather than inside the first timed step."""
+        n = num_tokens
+        ctx = StepContext(torch.arange(n, device=self.device), torch.full((n,), -1, device=self.device), 0)
+        ctx.prefill_block_table = torch.zeros(1, -(-n // block_size), dtype=torch.int32, device=self.device)
+        ctx.cu_seqlens_q = self._tensor([0, n], torch.int32)
+        ctx.prefill_seq_lens = self._tensor([n], torch.int32)
+        ctx.max_q_len, ctx.prefill_q_lens_host, ctx.prefill_seq_lens_host = n, (n,), (n,)
+        hidden = self.model(torch.zeros(n, dtype=torch.int64, device=self.device), ctx)
+        self.model.logits(hidden[-1:]).argmax(-1).tolist()
+
+    def _decode_only(self, batch) -> bool:
+        """Every sequence feeds its last token (past any image placeholders), within the graphs' sizes."""
+        return (all(n == 1 and s.num_computed + 1 == len(s) and s.num_computed >= s.image_tokens for s, n in batch)
+                and self.graphs.fits(len(batch), max(len(s.block_table) for s, _ in batch)))
 
     def _context(self, decode, prefill, positions, slots) -> StepContext:
         ctx = StepContext(self._tensor(positions, torch.int64), self._tensor(slots, torch.int64), len(decode))

@@ -54,7 +54,7 @@ class PagedStack(Stack):
         import torch
 
         from ...models import build_hf_model, torch_dtype
-        from .config import EngineConfig, ModelSpec
+        from .config import EngineConfig, ModelSpec, blocks_needed
         from .engine import Engine
         from .model import CausalLM
         from .workspace import declare, mla_score_elems
@@ -86,7 +86,24 @@ class PagedStack(Stack):
             self.workspace.parts["image features"] = per_image * max(r.images for r in self.requests) * 2
         del hf  # its parameters live on in self.model (and the towers in self.vision); the rest goes
         gc.collect()
-        self.engine = Engine(self.model, self.spec, self.cfg, self.dtype, self.device, self.vision)
+        self.model.fuse_projections()  # now that the transformers modules no longer hold the originals
+        graph_sizes = None
+        if self.workload.tensor_parallel == 1:  # (all-reduces are not captured)
+            per_image = getattr(self.workload, "image_tokens", 0)
+            graph_sizes = (min(self.cfg.max_num_seqs, len(self.requests)),
+                           max(blocks_needed(r, self.cfg.block_size, per_image) for r in self.requests))
+        self.engine = Engine(self.model, self.spec, self.cfg, self.dtype, self.device, self.vision, graph_sizes)
+
+    def warmup(self) -> None:
+        """Compile the prefill kernels (one prefill pass as large as the run's largest, no cache written) and
+        capture the decode CUDA graphs before the timed run; without this call the first decode step
+        captures them and the first prefill compiles. Nothing on the CPU."""
+        from .config import input_tokens
+
+        per_image = getattr(self.workload, "image_tokens", 0)
+        longest = max(input_tokens(r, per_image) for r in self.requests)
+        single = self.workload.tensor_parallel == 1  # (a rank's pass would all-reduce with the others')
+        self.engine.warmup(min(self.cfg.max_num_batched_tokens, longest) if single else 0)
 
     def weights_bytes(self) -> int:
         seen, total = set(), 0
@@ -100,7 +117,8 @@ class PagedStack(Stack):
         return total
 
     def workspace_bytes(self) -> int:
-        """The declared activation workspace (beside the floors: weights + KV + workspace)."""
+        """The declared activation workspace (beside the floors: weights + KV + workspace), with the CUDA
+        graphs' memory pool once run() has counted it."""
         return self.workspace.total
 
     def run(self, probe) -> RunResult:
@@ -126,12 +144,16 @@ class PagedStack(Stack):
         metrics["tpot"] = (MetricValue(sum((s.t_last - s.t_first) / (len(s.output) - 1) for s in decoding)
                                        / len(decoding)) if decoding else MetricValue.null("one new token only"))
         cfg, pool = self.cfg, self.engine.pool
+        graphs = self.engine.runner.graphs
+        if graphs is not None and graphs.captured:  # measured at capture; held for the whole run
+            self.workspace.parts["CUDA graphs (pool and capture stream)"] = graphs.pool_bytes
         notes = [
             self.workspace.describe(),
             f"KV pool: {cfg.num_blocks} blocks of {cfg.block_size} tokens ({pool.nbytes} bytes, sized from "
             f"{cfg.num_blocks_source}); token budget {cfg.max_num_batched_tokens}, max_num_seqs {cfg.max_num_seqs}, "
             f"chunked prefill {'on' if cfg.chunked_prefill else 'off'}",
-            f"{self.engine.steps} engine steps, {self.engine.scheduler.preemptions} preemptions (recompute)",
+            f"{self.engine.steps} engine steps, {self.engine.scheduler.preemptions} preemptions (recompute); "
+            + (graphs.describe() if graphs is not None and graphs.captured else "decode steps run eagerly"),
         ]
         if self.workload.tensor_parallel > 1:
             from .parallel import outputs_note

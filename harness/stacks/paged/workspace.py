@@ -4,7 +4,8 @@ beyond the weights and the KV pool, sized from the token budget (max_num_batched
 Counted per token at the widest point of a layer (the residual stream the caller still holds, plus
 the phase's live intermediates), times the budget; plus the logits of the sampled rows, the decode
 kernels' partial results, the MLA prefill's score tile and gathered prefix, on CUDA the cuBLAS
-workspace the torch allocator hands out, and on the CPU the scratch of the torch reference kernels
+workspace the torch allocator hands out (and, once captured, the decode CUDA graphs' memory pool, which
+the stack adds as measured at capture: graphs.py), and on the CPU the scratch of the torch reference kernels
 (one sequence's scores and gathered K/V, which the Triton kernels never materialise). The harness reports it beside the floors (weights, KV):
 a stack whose peak above the weights exceeds KV + workspace by much has a transient nobody declared."""
 from __future__ import annotations

@@ -1,0 +1,105 @@
+"""CUDA graphs of the decode step: one per batch-size bucket, replayed instead of launching the
+forward pass kernel by kernel from Python (a decode step at batch 32 is ~1,500 small launches).
+
+A graph reads fixed device buffers, so a step's inputs (token ids, positions, cache slots, sequence
+lengths, block tables) are packed into one pinned host buffer and copied over in one transfer; the
+graph embeds, runs every layer, takes the logits and the greedy tokens, and one read of the tokens is
+the step's only host sync. A batch of n sequences replays the smallest bucket >= n; the padding rows
+write no cache slot (slot -1) and attend to one token of block 0, and their tokens are dropped.
+
+Every bucket is run once eagerly first (Triton compiles, cuBLAS handles, the decode kernels'
+occupancy probes), then captured largest first into one shared memory pool, so the pool holds about
+one largest-bucket step's activations. Its size (with the capture stream's cuBLAS workspace) is
+measured at capture and declared with the workspace."""
+from __future__ import annotations
+
+import torch
+
+from .context import StepContext
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # at most 1.5x padding past 8
+
+
+class DecodeGraphs:
+    def __init__(self, model, device, max_batch: int, max_blocks: int):
+        self.model, self.device = model, device
+        self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
+        self.max_batch, self.width = max_batch, max(1, max_blocks)
+        # [ids | positions | slots | seq_lens] x max_batch, then the block tables [max_batch, width]
+        size = max_batch * (4 + self.width)
+        self.host = torch.zeros(size, dtype=torch.int32, pin_memory=True)
+        self.buffer = torch.zeros(size, dtype=torch.int32, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.tokens: dict[int, torch.Tensor] = {}
+        self.pool_bytes = 0
+
+    @property
+    def captured(self) -> bool:
+        return bool(self.graphs)
+
+    def fits(self, num_seqs: int, blocks: int) -> bool:
+        return num_seqs <= self.max_batch and blocks <= self.width
+
+    def _views(self, buf: torch.Tensor, b: int):
+        m = self.max_batch
+        ids, positions, slots, seq_lens = (buf[i * m:i * m + b] for i in range(4))
+        return ids, positions, slots, seq_lens, buf[4 * m:].view(m, self.width)[:b]
+
+    def _forward(self, b: int) -> torch.Tensor:
+        ids, positions, slots, seq_lens, table = self._views(self.buffer, b)
+        ctx = StepContext(positions.long(), slots.long(), b, decode_block_table=table, decode_seq_lens=seq_lens)
+        hidden = self.model(ids.long(), ctx)
+        return self.model.logits(hidden).argmax(-1)
+
+    def _pad(self, start: int) -> None:
+        """Rows start.. of the host buffer: token 0 at position 0, no slot, one cached token."""
+        ids, positions, slots, seq_lens, _ = self._views(self.host, self.max_batch)
+        ids[start:], positions[start:], slots[start:], seq_lens[start:] = 0, 0, -1, 1
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(self.device)  # before the capture stream's cuBLAS workspace
+        self._pad(0)
+        self.host[4 * self.max_batch:] = 0  # block 0 in every table
+        self.buffer.copy_(self.host)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for b in self.buckets:  # compile and probe outside the capture
+                self._forward(b)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        pool = torch.cuda.graph_pool_handle()
+        for b in reversed(self.buckets):  # largest first: the smaller ones reuse its pool
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                self.tokens[b] = self._forward(b)
+            self.graphs[b] = graph
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        self.pool_bytes = torch.cuda.memory_reserved(self.device) - before
+
+    def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> list[int]:
+        """One decode step of len(ids) sequences; returns their greedy tokens."""
+        if not self.captured:
+            self.capture()
+        n = len(ids)
+        b = next(b for b in self.buckets if b >= n)
+        host = self.host.numpy()
+        m = self.max_batch
+        host[:n], host[m:m + n], host[2 * m:2 * m + n] = ids, positions, slots
+        host[3 * m:3 * m + n] = [p + 1 for p in positions]
+        self._pad(n)
+        table = host[4 * m:].reshape(m, self.width)
+        for i, blocks in enumerate(tables):
+            table[i, :len(blocks)] = blocks
+        self.buffer[:4 * m + b * self.width].copy_(self.host[:4 * m + b * self.width], non_blocking=True)
+        self.graphs[b].replay()
+        return self.tokens[b][:n].tolist()
+
+    def describe(self) -> str:
+        return (f"CUDA graphs for decode batches of {', '.join(map(str, self.buckets))} sequences "
+                f"(pool {self.pool_bytes / 2**20:.1f} MiB)")

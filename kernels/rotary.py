@@ -1,0 +1,60 @@
+"""Rotary position embedding of one tensor of heads in one Triton launch (torch: ~8 small kernels of
+slices, products, sums and a concatenation). One program per token, all its heads.
+
+neox (Llama, Qwen2): halves rotated, in the model dtype, each product and sum rounded to it as torch does.
+interleaved (DeepSeek): (even, odd) pairs rotated in float32, written evens then odds (the layout the
+torch reference writes: a fixed permutation that leaves every q.k product unchanged)."""
+import torch
+import triton
+import triton.language as tl
+
+from .dispatch import fix_triton_interpreter, next_pow2
+
+fix_triton_interpreter()
+
+
+@triton.jit
+def _rotary(x_ptr, cos_ptr, sin_ptr, out_ptr, stride_x_tok, stride_x_head, stride_cs, stride_o_tok, stride_o_head,
+            HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+            INTERLEAVED: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    heads = tl.arange(0, HEADS_PAD)
+    i = tl.arange(0, HALF_PAD)
+    mask = (heads < HEADS)[:, None] & (i < HALF)[None, :]
+    row = x_ptr + tok * stride_x_tok + heads[:, None] * stride_x_head
+    if INTERLEAVED:
+        x1 = tl.load(row + 2 * i[None, :], mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(row + 2 * i[None, :] + 1, mask=mask, other=0.0).to(tl.float32)
+    else:
+        x1 = tl.load(row + i[None, :], mask=mask, other=0.0)
+        x2 = tl.load(row + HALF + i[None, :], mask=mask, other=0.0)
+    c = tl.load(cos_ptr + tok * stride_cs + i, mask=i < HALF, other=0.0)[None, :]
+    s = tl.load(sin_ptr + tok * stride_cs + i, mask=i < HALF, other=0.0)[None, :]
+    dt = out_ptr.dtype.element_ty
+    if INTERLEAVED:
+        o1 = x1 * c - x2 * s
+        o2 = x2 * c + x1 * s
+    else:  # each product and the sum rounded to the dtype, as torch's elementwise ops on that dtype do
+        x1c = (x1.to(tl.float32) * c.to(tl.float32)).to(dt).to(tl.float32)
+        x2s = (x2.to(tl.float32) * s.to(tl.float32)).to(dt).to(tl.float32)
+        x2c = (x2.to(tl.float32) * c.to(tl.float32)).to(dt).to(tl.float32)
+        x1s = (x1.to(tl.float32) * s.to(tl.float32)).to(dt).to(tl.float32)
+        o1 = x1c - x2s
+        o2 = x2c + x1s
+    out = out_ptr + tok * stride_o_tok + heads[:, None] * stride_o_head + i[None, :]
+    tl.store(out, o1.to(dt), mask=mask)
+    tl.store(out + HALF, o2.to(dt), mask=mask)
+
+
+def rotary(x, cos, sin, interleaved: bool):
+    """x [T, heads, D] (unit stride in D) -> rotated [T, heads, D], contiguous, x's dtype. cos/sin [T, D/2]:
+    the model dtype for neox, float32 for interleaved."""
+    tokens, heads, dim = x.shape
+    assert x.stride(-1) == 1 and cos.stride(-1) == 1 and cos.stride() == sin.stride()
+    out = torch.empty(tokens, heads, dim, dtype=x.dtype, device=x.device)
+    if tokens:
+        _rotary[(tokens,)](x, cos, sin, out, x.stride(0), x.stride(1), cos.stride(0), out.stride(0), out.stride(1),
+                           HEADS=heads, HEADS_PAD=next_pow2(heads), HALF=dim // 2, HALF_PAD=next_pow2(dim // 2),
+                           INTERLEAVED=interleaved, num_warps=4,
+                           enable_fp_fusion=False)  # no fused multiply-adds: torch's float32 roundings
+    return out
