@@ -48,6 +48,7 @@ def test_every_field_the_loader_accepts_is_in_the_schema():
     assert props("engine") == workload.ENGINE_KEYS
     architecture = set().union(*(p.fields() for p in PRESETS.values())) | set(ALIASES)
     assert props("model") == workload.MODEL_META | architecture
+    assert set(DEFS["model"]["then"]["propertyNames"]["enum"]) == props("model")  # a preset's closed list
     assert set(DEFS["model"]["properties"]["preset"]["enum"]) == set(PRESETS)
     assert tuple(DEFS["model"]["properties"]["dtype"]["enum"]) == workload.DTYPES
     assert tuple(DEFS["requests"]["items"]["properties"]["tokens"]["enum"]) == workload.TOKEN_PATTERNS
@@ -110,7 +111,8 @@ def test_check_jsonschema_checks_the_suites_as_pre_commit_runs_it(tmp_path):
                    "requests: [{prompt_tokens: 8, max_new_tokens: 2}]\n")
     out = subprocess.run([CHECK_JSONSCHEMA, "--schemafile", schema, str(bad)], capture_output=True, text=True,
                          timeout=120)
-    assert out.returncode == 1 and "'layer' was unexpected" in out.stdout
+    # a preset's fields are a closed list (a config.json's are open): the typo is named with the fields it could be
+    assert out.returncode == 1 and "'layer' is not one of" in out.stdout and "'layers'" in out.stdout
 
 
 @pytest.mark.parametrize("doc, loader_says", [
@@ -137,3 +139,9 @@ def test_memcheck_schema_prints_the_shipped_file(capsys):
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         package_data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["harness"]
     assert any(fnmatch.fnmatch(workload.SCHEMA_FILE, pattern) for pattern in package_data)
+
+
+def test_a_config_model_may_override_any_field_of_its_config_but_not_name_a_preset_too():
+    requests = [{"prompt_tokens": 8, "max_new_tokens": 2}]
+    assert validate({"name": "w", "model": {"config": "llama/config.json", "rope_theta": 5e5}, "requests": requests}) == []
+    assert validate({"name": "w", "model": {"config": "c.json", "preset": "deepseek-v2"}, "requests": requests})
