@@ -168,6 +168,7 @@ class EngineKV:
         out["kv.capacity_blocks"] = MetricValue(self.num_blocks - 1, detail="vLLM block pool, its null block "
                                                                             "excluded")
         out["kv.max_concurrency"] = (
-            MetricValue(self.max_concurrency, detail="vLLM's kv_cache_max_concurrency at max_model_len")
+            MetricValue(self.max_concurrency, detail="vLLM's kv_cache_max_concurrency at max_model_len (its "
+                                                     "pool's blocks, null block included, per request)")
             if self.max_concurrency is not None else MetricValue.null("vLLM did not resolve its KV capacity"))
         return out

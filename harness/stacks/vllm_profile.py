@@ -19,8 +19,7 @@ from __future__ import annotations
 from ..metrics.value import MetricValue
 
 PROFILE_METRICS = ("vllm.weights", "vllm.activation.peak", "vllm.non_torch.increase", "vllm.cuda_graph.pool")
-NO_PROFILE = ("vLLM's CPU worker runs no memory profile (it sizes the KV cache from the process RSS) and "
-              "its model runner does not measure the weights' memory")
+NO_PROFILE = "vLLM's CPU worker runs no memory profile and its model runner does not measure the weights' memory"
 
 
 def profile_numbers(result, weights: int | None, cuda_graph_bytes: int | None, eager: bool) -> dict:
