@@ -74,19 +74,25 @@ def make(directory, name, model, requests, dtype, engine=None):
     return workload.load_file(str(path), None, stacks.names(), config.load(ROOT).thresholds)[0]
 
 
+def measured(wl, stack, device):
+    """One harness measurement without the host heap: (measurement, metric values, heap peak, seconds)."""
+    t = time.perf_counter()
+    m = measure(wl, stack, device, CollectorOptions(python_heap=False, cpu_tensors=device.type == "cpu"))
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    metric = {k: v.value for k, v in m.metrics.items()}
+    peak = metric.get("gpu.heap_alloc.peak") if device.type == "cuda" else metric.get("cpu.heap_alloc.peak")
+    return m, metric, peak, round(time.perf_counter() - t, 1)
+
+
 def memory(wl, device) -> dict:
     rows = {}
     for stack in ("hf", "paged"):
-        t = time.perf_counter()
-        m = measure(wl, stack, device, CollectorOptions(python_heap=False, cpu_tensors=device.type == "cpu"))
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        metric = {k: v.value for k, v in m.metrics.items()}
-        peak = metric.get("gpu.heap_alloc.peak") if device.type == "cuda" else metric.get("cpu.heap_alloc.peak")
+        m, metric, peak, seconds = measured(wl, stack, device)
         weights = m.floors.get("weights")
         rows[stack] = {
-            "error": m.error, "seconds": round(time.perf_counter() - t, 1), "peak": peak, "weights": weights,
+            "error": m.error, "seconds": seconds, "peak": peak, "weights": weights,
             "above_weights": None if peak is None or weights is None else peak - weights,
             "kv_floor": m.floors["kv"], "workspace": m.floors.get("workspace"), "metrics": metric,
             "notes": [n for n in m.notes if not n.startswith("Traceback")][:4],
@@ -382,15 +388,9 @@ def suite_items(device) -> dict:
                   if w.name == name)
         rows = {}
         for stack in ("hf", "paged"):
-            t = time.perf_counter()
-            m = measure(wl, stack, device, CollectorOptions(python_heap=False, cpu_tensors=device.type == "cpu"))
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            metric = {k: v.value for k, v in m.metrics.items()}
-            peak = metric.get("gpu.heap_alloc.peak") if device.type == "cuda" else metric.get("cpu.heap_alloc.peak")
+            m, metric, peak, seconds = measured(wl, stack, device)
             weights, ws = m.floors.get("weights"), m.floors.get("workspace")
-            rows[stack] = {"error": m.error and m.error["message"][:300], "wall_s": round(time.perf_counter() - t, 1),
+            rows[stack] = {"error": m.error and m.error["message"][:300], "wall_s": seconds,
                            "tokens_per_s": metric.get("tokens_per_s"), "tpot": metric.get("tpot"),
                            "ttft": metric.get("ttft"), "peak": peak, "weights": weights, "kv_floor": m.floors["kv"],
                            "workspace": ws, "reserved_peak": metric.get("gpu.reserved.peak"),

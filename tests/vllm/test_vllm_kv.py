@@ -76,6 +76,14 @@ def test_engine_settings_map_to_vllm_arguments(tmp_path):
                     "dtype": "float32", "kv_cache_memory_bytes": 9 * 64 * 2 * 2 * 2 * 64 * 4}
 
 
+def test_cuda_graphs_off_is_enforce_eager(tmp_path):
+    """The paged engine's setting reaches vLLM as its opposite, unless enforce_eager is given too."""
+    off = workload(tmp_path, "engine: {cuda_graphs: false}\n")
+    assert VLLMStack(off, torch.device("cpu")).engine_args(off.model_config())["enforce_eager"] is True
+    both = workload(tmp_path, "engine: {cuda_graphs: false, enforce_eager: false}\n")
+    assert VLLMStack(both, torch.device("cpu")).engine_args(both.model_config())["enforce_eager"] is False
+
+
 def test_cpu_kv_pool_defaults_to_the_workload_at_full_length(tmp_path):
     wl = workload(tmp_path, "engine: {block_size: 32}\n")
     args = VLLMStack(wl, torch.device("cpu")).engine_args(wl.model_config())
