@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import time
 import traceback
 
 from . import environment, floors, stacks
@@ -25,7 +26,9 @@ def resolve_device(name: str = "auto"):
     return device
 
 
-def measure(workload, stack_name: str, device, options: CollectorOptions | None = None) -> Measurement:
+def measure(workload, stack_name: str, device, options: CollectorOptions | None = None,
+            launched_at: float | None = None) -> Measurement:
+    """launched_at: time.time() when the runner started this process, for the startup phase."""
     m = Measurement(workload.name, stack_name, workload.path, workload.profile, workload.scaled, workload.digest())
     m.environment = {**environment.fingerprint(device), "profile": workload.profile, "workload": m.digest}
     try:
@@ -37,12 +40,18 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
     stack = stack_cls(workload, device)
     collectors = Collectors(device, options)
     result = None
+    if launched_at is not None:
+        m.phases["startup"] = round(time.time() - launched_at, 3)  # process start, imports, the stack's check
     collectors.start()
+    t0 = time.perf_counter()
     try:
         stack.prepare()
+        m.phases["build"] = round(time.perf_counter() - t0, 3)
         collectors.run_started()
+        t0 = time.perf_counter()
         result = stack.run(collectors)
         collectors.run_finished()
+        m.phases["run"] = round(time.perf_counter() - t0, 3)
     except BaseException as e:  # noqa: BLE001 - one failing workload must not stop the rest
         m.error = {"kind": _kind(e), "message": f"{type(e).__name__}: {e}".strip()[:2000]}
         m.notes.append(traceback.format_exc(limit=8))

@@ -24,6 +24,9 @@ class Measurement:
     skipped: str | None = None  # the stack cannot run on this runner: why
     rounds: int = 1
     ranks: list[dict] = field(default_factory=list)  # tensor parallel: [{rank, metrics: {name: value}}]
+    # Where the item's time went, in seconds: startup (process start, imports), build (the stack's prepare),
+    # run, teardown (close, collectors, process exit), report (baseline, rules, verdict). Not a metric.
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -38,6 +41,7 @@ class Measurement:
             "artifacts": self.artifacts, "notes": self.notes, "error": self.error, "skipped": self.skipped,
             "rounds": self.rounds,
             **({"ranks": self.ranks} if self.ranks else {}),  # absent at tensor_parallel 1
+            **({"phases": self.phases} if self.phases else {}),
         }
 
     @classmethod

@@ -97,7 +97,7 @@ class Report:
 
 
 _MEASUREMENT_FIELDS = ("workload", "stack", "file", "profile", "scaled", "digest", "metrics", "floors", "environment",
-                       "timeline", "artifacts", "notes", "error", "skipped", "rounds", "ranks")
+                       "timeline", "artifacts", "notes", "error", "skipped", "rounds", "ranks", "phases")
 
 
 CHECK_STATUSES = ("pass", "regressed", "improved", "new", "not_measured", "not_compared")

@@ -28,6 +28,9 @@ class Stack:
     """
 
     name = ""
+    # Modules the worker's fork server imports once before forking the rounds of this stack (harness/forkserver.py):
+    # only modules whose import starts no thread and initialises no device.
+    fork_preload: tuple[str, ...] = ()
 
     def __init__(self, workload, device):
         self.workload, self.device = workload, device

@@ -86,6 +86,7 @@ def architecture(workload) -> str:
 
 class VLLMStack(Stack):
     name = "vllm"
+    fork_preload = ("vllm.entrypoints.llm",)  # importing LLM takes longer than building and running a ci item
 
     @classmethod
     def worker_python(cls, rootdir: str) -> str | None:

@@ -4,9 +4,12 @@ The `toy` stack is installed the way pip installs any plugin (a dist-info folder
 entry_points.txt on the path), and is the stock hf stack plus one real knob: TOY_EXTRA_MIB keeps
 that many extra MiB of tensors alive during the run - the kind of change a regression is.
 """
+import os
 import textwrap
 
 import pytest
+
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TOY_STACK = '''
 import os, signal
@@ -59,7 +62,9 @@ def project(pytester, monkeypatch):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toystack\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[memcheck.stacks]\ntoy = toystack:ToyStack\n")
-    monkeypatch.setenv("PYTHONPATH", str(site))
+    # The checkout after the plugin site: the pytest subprocess must run this checkout's harness, not
+    # whichever one the venv has installed editable.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), CHECKOUT]))
     monkeypatch.delenv("TOY_EXTRA_MIB", raising=False)
     pytester.makefile(".toml", pyproject="[tool.memcheck]\n")
     (pytester.mkdir("suites") / "tiny.yaml").write_text(workload())
