@@ -52,6 +52,7 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
         result = stack.run(collectors)
         collectors.run_finished()
         m.phases["run"] = round(time.perf_counter() - t0, 3)
+        t0 = time.perf_counter()
     except BaseException as e:  # noqa: BLE001 - one failing workload must not stop the rest
         m.error = {"kind": _kind(e), "message": f"{type(e).__name__}: {e}".strip()[:2000]}
         m.notes.append(traceback.format_exc(limit=8))
@@ -64,6 +65,7 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
         del stack
         gc.collect()
         m.metrics = collectors.stop()
+        m.phases["teardown"] = round(time.perf_counter() - t0, 3)  # close, collectors (the CPU profiler's events)
     m.timeline = collectors.timeline
     if result is not None:
         m.metrics.update(result.metrics)

