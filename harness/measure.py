@@ -37,11 +37,12 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
     except StackUnavailable as e:
         m.skipped = str(e)
         return m
+    finally:
+        if launched_at is not None:
+            m.phases["startup"] = round(time.time() - launched_at, 3)  # process start, imports, the stack's check
     stack = stack_cls(workload, device)
     collectors = Collectors(device, options)
     result = None
-    if launched_at is not None:
-        m.phases["startup"] = round(time.time() - launched_at, 3)  # process start, imports, the stack's check
     collectors.start()
     t0 = time.perf_counter()
     try:
