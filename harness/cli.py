@@ -176,6 +176,10 @@ def main(argv=None) -> int:
     run = sub.add_parser("run", help="run workloads and gate them against baselines (pytest --memcheck)")
     _common(run)
     run.add_argument("--strict", action="store_true", help="fail items without a baseline")
+    run.add_argument("--durations", metavar="N", type=int, nargs="?", const=0,
+                     help="print where each item's time went per phase (the N slowest items; all without N)")
+    run.add_argument("-n", metavar="N", dest="workers",
+                     help="measure N items at once (pytest-xdist; time metrics are then under contention)")
     baseline = sub.add_parser("baseline", help="manage baselines")
     bsub = baseline.add_subparsers(dest="action", required=True)
     refresh = bsub.add_parser("refresh", help="run workloads and write their baselines, printing what changed")
@@ -195,7 +199,15 @@ def main(argv=None) -> int:
         return 0
     args = _forward(ns)
     if ns.command == "run":
-        return _pytest(args + (["--memcheck-strict"] if ns.strict else []))
+        args += ["--memcheck-strict"] if ns.strict else []
+        args += [] if ns.durations is None else ["--memcheck-durations", str(ns.durations)]
+        if ns.workers:
+            import importlib.util
+
+            if importlib.util.find_spec("xdist") is None:
+                return _error("-n needs pytest-xdist: pip install 'memcheck[parallel]' (or pytest-xdist)")
+            args += ["-n", ns.workers]
+        return _pytest(args)
     return _pytest(args + ["--memcheck-update-baselines"])
 
 

@@ -26,7 +26,9 @@ def resolve_device(name: str = "auto"):
     return device
 
 
-def measure(workload, stack_name: str, device, options: CollectorOptions | None = None) -> Measurement:
+def measure(workload, stack_name: str, device, options: CollectorOptions | None = None,
+            launched_at: float | None = None) -> Measurement:
+    """launched_at: time.time() when the runner started this process, for the startup phase."""
     attention = stacks.split(stack_name)[1]
     m = Measurement(workload.name, stack_name, workload.path, workload.profile, workload.scaled,
                     workload.digest(attention))
@@ -41,17 +43,27 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
     except StackUnavailable as e:
         m.skipped = str(e)
         return m
+    finally:
+        if launched_at is not None:
+            m.phases["startup"] = round(time.time() - launched_at, 3)  # process start, imports, the stack's check
     stack = stack_cls(workload, device)
     stack.attention = attention
     collectors = Collectors(device, options)
     result = warmup = None
     collectors.start()
+    t0 = time.perf_counter()
     try:
         stack.prepare()
+        m.phases["build"] = round(time.perf_counter() - t0, 3)
+        t0 = time.perf_counter()
         warmup = _warm_up(stack)
+        m.phases["warmup"] = round(time.perf_counter() - t0, 3)
         collectors.run_started()
+        t0 = time.perf_counter()
         result = stack.run(collectors)
         collectors.run_finished()
+        m.phases["run"] = round(time.perf_counter() - t0, 3)
+        t0 = time.perf_counter()
     except BaseException as e:  # noqa: BLE001 - one failing workload must not stop the rest
         m.error = {"kind": _kind(e), "message": f"{type(e).__name__}: {e}".strip()[:2000]}
         m.notes.append(traceback.format_exc(limit=8))
@@ -64,6 +76,7 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
         del stack
         gc.collect()
         m.metrics = collectors.stop()
+        m.phases["teardown"] = round(time.perf_counter() - t0, 3)  # close, collectors (the CPU profiler's events)
     m.timeline = collectors.timeline
     if result is not None:
         m.metrics.update(result.metrics)

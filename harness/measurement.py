@@ -25,6 +25,10 @@ class Measurement:
     rounds: int = 1
     ranks: list[dict] = field(default_factory=list)  # tensor parallel: [{rank, metrics: {name: value}}]
     model: dict = field(default_factory=dict)  # {preset | config, model_type, config_digest}: Preset.identity
+    # Where the item's time went, in seconds: startup (process start, imports), build (the stack's prepare),
+    # run, teardown (close, collectors), exit (result written, process exit), report (baseline, rules, verdict).
+    # Not a metric.
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -40,6 +44,7 @@ class Measurement:
             "rounds": self.rounds,
             **({"ranks": self.ranks} if self.ranks else {}),  # absent at tensor_parallel 1
             **({"model": self.model} if self.model else {}),
+            **({"phases": self.phases} if self.phases else {}),
         }
 
     @classmethod

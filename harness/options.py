@@ -23,6 +23,12 @@ def register(parser) -> None:
                     help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
     group.addoption("--memcheck-timeout", metavar="SECONDS", type=float, default=None,
                     help="give up on one item's round after this many seconds (an error verdict)")
+    group.addoption("--memcheck-durations", metavar="N", type=int, default=None,
+                    help="print where each item's time went per phase (startup, build, run, teardown, exit, report): "
+                         "the N slowest items, 0 for all")
+    group.addoption("--memcheck-no-fork-server", action="store_true", default=False,
+                    help="start every round in a fresh interpreter instead of forking it from a server that "
+                         "imported torch once (slower; the same isolation)")
     group.addoption("--memcheck-no-host-heap", action="store_true", default=False,
                     help="skip the heap round: the extra worker per item that measures host.heap_alloc.peak "
                          "under tracemalloc, off the timed rounds (host.heap_alloc.peak becomes null)")

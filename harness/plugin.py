@@ -59,6 +59,7 @@ class MemcheckSession:
             strict=opt("memcheck_strict"), rootdir=root, python_heap=not opt("memcheck_no_host_heap"),
             sample_period_ms=opt("memcheck_sample_period"), timeout_s=opt("memcheck_timeout"),
             strict_environment=self.project.strict_environment,
+            fork_server=not opt("memcheck_no_fork_server"), parallel_items=parallel_items(os.environ),
         )
         self.report = Report(profile=profile)
         self.errors: list[str] = []
@@ -84,6 +85,13 @@ class MemcheckSession:
         terminalreporter.section("memcheck")
         for line in terminal.table(self.report):
             terminalreporter.write_line(line)
+        count = self.config.getoption("memcheck_durations")
+        if count is not None:
+            from .reports import durations
+
+            terminalreporter.section("memcheck durations")
+            for line in durations.table(self.report, count):
+                terminalreporter.write_line(line)
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session):
@@ -145,6 +153,12 @@ def pin_xdist_worker(env, device_count=None) -> str | None:
         return None
     env["CUDA_VISIBLE_DEVICES"] = devices[int(worker[2:]) % len(devices)]
     return env["CUDA_VISIBLE_DEVICES"]
+
+
+def parallel_items(env) -> int:
+    """How many items are measured at once: pytest-xdist's worker count under `-n N`, else 1."""
+    count = env.get("PYTEST_XDIST_WORKER_COUNT", "1")
+    return int(count) if count.isdigit() and int(count) > 0 else 1
 
 
 def _relative(path) -> str:

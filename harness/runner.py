@@ -5,15 +5,17 @@ The plugin and the console script both go through here, so `pytest --memcheck` a
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 
-from . import stacks, tensor_parallel
+from . import forkserver, stacks, tensor_parallel
 from .baselines import BaselineStore
 from .errors import StackUnavailable, UsageError
 from .measurement import Measurement
@@ -34,6 +36,12 @@ class Settings:
     sample_period_ms: float = 10.0
     timeout_s: float | None = None
     strict_environment: tuple[str, ...] = ()  # [tool.memcheck] software fields that make a baseline incomparable
+    fork_server: bool = True  # fork each round from a server that imported torch once (forkserver.py)
+    parallel_items: int = 1  # items measured at once (pytest-xdist -n): time metrics are then under contention
+
+
+FORK_ENV = "MEMCHECK_FORK_SERVER"  # "0": a fresh interpreter per round, as --memcheck-no-fork-server
+CONTENDED = ("time.wall", "tokens_per_s", "ttft", "tpot")
 
 
 def measure_rounds(workload, stack: str, settings: Settings) -> Measurement:
@@ -46,15 +54,28 @@ def measure_rounds(workload, stack: str, settings: Settings) -> Measurement:
     rounds = [_measure_in_worker(workload, stack, settings) for _ in range(workload.rounds)]
     first = rounds[0]
     failed = next((r for r in rounds if r.error or r.skipped), None)
-    if failed:
-        return failed
-    if len(rounds) > 1:
+    if not failed and len(rounds) > 1:
         first.metrics = {name: MetricValue.from_rounds([r.metrics.get(name, MetricValue(None)) for r in rounds])
                          for name in first.metrics}
         first.rounds = len(rounds)
-    if settings.python_heap:
+        first.phases = {k: round(sum(r.phases.get(k, 0.0) for r in rounds), 3) for k in first.phases}
+    if not failed and settings.python_heap:
+        t0 = time.perf_counter()
         first.metrics["host.heap_alloc.peak"] = heap_round(workload, stack, settings)
-    return first
+        first.phases["heap_round"] = round(time.perf_counter() - t0, 3)  # a whole round of its own
+    m = failed or first
+    if settings.parallel_items > 1:
+        _mark_contended(m, settings.parallel_items)
+    return m
+
+
+def _mark_contended(m: Measurement, items: int) -> None:
+    why = f"measured under contention: {items} items measured at once (-n {items})"
+    for name in CONTENDED:
+        v = m.metrics.get(name)
+        if v is not None and v.value is not None:
+            v.detail = f"{v.detail}; {why}" if v.detail else why
+    m.notes.append(f"time metrics {why}; memory metrics are per process")
 
 
 def _attention_missing(workload, stack: str, device: str) -> str | None:
@@ -92,7 +113,7 @@ def heap_round(workload, stack: str, settings: Settings) -> MetricValue:
 def _worker_command(workload, stack: str, s: Settings, out: str, heap_round: bool = False) -> list[str]:
     cmd = [_python(stack, s.rootdir), "-m", "harness.worker", "--file", workload.path, "--workload", workload.name,
            "--stack", stack, "--device", s.device, "--out", out, "--rootdir", s.rootdir,
-           "--sample-period-ms", str(s.sample_period_ms)]
+           "--sample-period-ms", str(s.sample_period_ms), "--launched-at", repr(time.time())]
     if workload.profile:
         cmd += ["--profile", workload.profile]
     if not heap_round:  # tracemalloc runs in the heap round only
@@ -110,20 +131,108 @@ def _measure_in_worker(workload, stack: str, s: Settings, heap_round: bool = Fal
                                              env, s.timeout_s, lambda rc, err: _death(rc) + _tail(err))
     fd, out = tempfile.mkstemp(prefix="memcheck-", suffix=".json")
     os.close(fd)
-    cmd = command(out)
+    fd, log = tempfile.mkstemp(prefix="memcheck-", suffix=".log")
+    os.close(fd)
     m = Measurement(workload.name, stack, workload.path, workload.profile, workload.scaled,
                     workload.digest(stacks.split(stack)[1]))
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=s.timeout_s, env=env)
+        t0 = time.perf_counter()
+        cmd = command(out)
+        try:
+            returncode, timed_out, started = _start_worker(cmd, stack, env, log, s)
+        except forkserver.ServerDied as e:
+            m.error = {"kind": "crash", "message": str(e)}
+            return m
+        wall = time.perf_counter() - t0
         if os.path.getsize(out):
             with open(out) as f:
-                return Measurement.from_json(json.load(f))
-        m.error = {"kind": "crash", "message": _death(proc.returncode) + _tail(proc.stderr)}
-    except subprocess.TimeoutExpired as e:
-        m.error = {"kind": "timeout", "message": f"no result after {s.timeout_s:g} s" + _tail(e.stderr)}
+                m = Measurement.from_json(json.load(f))
+            m.notes.append(f"worker process: {started}")
+            m.phases["exit"] = round(max(0.0, wall - sum(m.phases.values())), 3)  # result written, process exit
+            return m
+        with open(log, "rb") as f:
+            stderr = f.read()
+        if timed_out:
+            m.error = {"kind": "timeout", "message": f"no result after {s.timeout_s:g} s" + _tail(stderr)}
+        else:
+            m.error = {"kind": "crash", "message": _death(returncode) + _tail(stderr)}
     finally:
         os.unlink(out)
+        os.unlink(log)
     return m
+
+
+def _start_worker(cmd: list[str], stack: str, env: dict, log: str, s: Settings) -> tuple[int, bool, str]:
+    """Run one worker round, forked from the interpreter's fork server where it can be, else as a fresh
+    interpreter. Returns its exit status, whether it timed out, and how it was started (for the notes)."""
+    python, module, argv = cmd[0], cmd[2], cmd[3:]  # cmd: python -m harness.worker ARGV
+    why = _fork_refused(python, s)
+    if why is None:
+        try:
+            server = _fork_server(python, env, stack)
+            returncode, timed_out = server.run(module, argv, env, log, s.timeout_s)
+            return returncode, timed_out, "forked from a fork server that imported torch and transformers once"
+        except forkserver.Unavailable as e:
+            why = _FORK_REFUSED[python] = str(e)
+        except forkserver.ServerDied:
+            _SERVERS.pop(python).close()
+            raise
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=f, env=env)
+        try:
+            proc.wait(timeout=s.timeout_s)
+            return proc.returncode, False, f"a fresh interpreter ({why})"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return proc.returncode, True, f"a fresh interpreter ({why})"
+        except BaseException:
+            proc.kill()
+            raise
+
+
+_SERVERS: dict[str, forkserver.ForkServer] = {}  # one per worker interpreter (this one, vLLM's)
+_FORK_REFUSED: dict[str, str] = {}  # interpreters whose server could not fork safely: why
+
+
+def _fork_refused(python: str, s: Settings) -> str | None:
+    if not s.fork_server:
+        return "the fork server is switched off (--memcheck-no-fork-server)"
+    if os.environ.get(FORK_ENV) == "0":
+        return f"the fork server is switched off ({FORK_ENV}=0)"
+    return _FORK_REFUSED.get(python)
+
+
+def _fork_server(python: str, env: dict, stack: str) -> forkserver.ForkServer:
+    """The server of this interpreter, started on first use; restarted when the environment it imported under
+    changed (a variable read at import, like OMP_NUM_THREADS, would otherwise keep the old value). It also
+    imports the modules the first stack it serves names in `fork_preload` (vllm)."""
+    server = _SERVERS.get(python)
+    if server is not None and (not server.alive() or _env_key(server.env) != _env_key(env)):
+        _SERVERS.pop(python).close()
+        server = None
+    if server is None:
+        from . import stacks
+
+        try:
+            preload = getattr(stacks.load(stack), "fork_preload", ())
+        except Exception:  # noqa: BLE001 - a stack that cannot load says why from inside its worker
+            preload = ()
+        server = _SERVERS[python] = forkserver.ForkServer(python, {**env, forkserver.PRELOAD_ENV: ",".join(preload)})
+    return server
+
+
+def _env_key(env: dict) -> dict:
+    ignored = ("PYTEST_CURRENT_TEST", forkserver.PRELOAD_ENV)  # pytest changes the first per test
+    return {k: v for k, v in env.items() if k not in ignored}
+
+
+def _close_servers() -> None:
+    while _SERVERS:
+        _SERVERS.popitem()[1].close()
+
+
+atexit.register(_close_servers)
 
 
 def _python(stack: str, rootdir: str) -> str:
@@ -163,6 +272,7 @@ def judge_item(m: Measurement, rule_set: dict, settings: Settings, store: Baseli
     """From a measurement to a judged item, its baseline refreshed when asked: workload items and the
     `memcheck` fixture both come here."""
     store = store or BaselineStore(settings.baselines)
+    t0 = time.perf_counter()
     baseline, baseline_error = None, None
     device_class = m.environment.get("device_class")
     if device_class and not (m.error or m.skipped):
@@ -178,4 +288,5 @@ def judge_item(m: Measurement, rule_set: dict, settings: Settings, store: Baseli
     elif result.verdict == "new" and settings.strict:
         result.strict = True
         result.reason += "; --memcheck-strict fails it: record one with --memcheck-update-baselines"
+    m.phases["report"] = round(time.perf_counter() - t0, 3)  # baseline lookup, rules, verdict, baseline write
     return result

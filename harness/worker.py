@@ -23,6 +23,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-python-heap", action="store_true")
     p.add_argument("--no-cpu-tensors", action="store_true")
     p.add_argument("--sample-period-ms", type=float, default=10.0)
+    p.add_argument("--launched-at", type=float, default=None, help="time.time() when the runner started this round")
     # tensor-parallel ranks (harness.tensor_parallel starts one worker per rank)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=1)
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
 
         _write(args.out, tensor_parallel.measure_rank(wl, args.stack, device, options, args.rank, args.master_port))
         return 0
-    _write(args.out, measure(wl, args.stack, device, options))
+    _write(args.out, measure(wl, args.stack, device, options, launched_at=args.launched_at))
     return 0
 
 

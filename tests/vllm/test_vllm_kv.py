@@ -107,6 +107,14 @@ def test_a_workload_asks_for_vllms_own_pool_sizing_with_gpu_memory_utilization(t
     assert gpu["num_gpu_blocks_override"] == 3 * 9 + 1 + 1  # blocks of vLLM's default 16 tokens
 
 
+def test_cpu_runs_eager_unless_the_workload_asks_for_compilation(tmp_path):
+    wl = workload(tmp_path, "engine: {block_size: 32}\n")
+    assert VLLMStack(wl, torch.device("cpu")).engine_args(wl.model_config())["enforce_eager"] is True
+    assert "enforce_eager" not in VLLMStack(wl, torch.device("cuda")).engine_args(wl.model_config())
+    wl = workload(tmp_path, "engine: {block_size: 32, enforce_eager: false}\n")
+    assert VLLMStack(wl, torch.device("cpu")).engine_args(wl.model_config())["enforce_eager"] is False
+
+
 def test_vllm_python_is_found_in_order(tmp_path, monkeypatch):
     python = tmp_path / ".venv-vllm" / "bin" / "python"
     python.parent.mkdir(parents=True)
