@@ -1,10 +1,10 @@
-"""What do memcheck's default collectors cost? For every suite item: the timed round exactly as
-`pytest --memcheck` runs it (default collectors) against a control with no collector at all (the
-same stack, prepared and warmed up the same way, its run timed the same way, probe calls ignored),
-each in a fresh process, rounds interleaved (alternating which goes first) so load on a shared machine
-hits both alike; medians of the rounds. Memory: every memory metric against the committed baseline of this device class (identical
-where the metric is exact), with the memory round (host.heap_alloc.peak and cpu.heap_alloc.peak, in a
-worker of its own) timed beside.
+"""What do memcheck's default collectors cost? For every suite item: the timed round exactly as `pytest
+--memcheck` runs it (default collectors) against a control with no collector at all (the same stack,
+prepared and warmed up the same way, its run timed the same way, probe calls ignored), each in a fresh
+process, rounds interleaved (alternating which goes first) so load on a shared machine hits both alike;
+medians of the rounds. Memory: every memory metric against the committed baseline of this device class
+(identical where the metric is exact), with the memory round (host.heap_alloc.peak and
+cpu.heap_alloc.peak, in a worker of its own) timed beside.
 
     .venv/bin/python benchmarks/collector_overhead.py [--rounds 3] [--stacks hf,paged] [--device auto]
         [--profile ci|full] [--items NAME,...] [--no-memory-round] [--time-limit S] [SUITE.yaml ...]
@@ -71,8 +71,8 @@ def control(path: str, name: str, stack_name: str, device: str, profile: str) ->
 
 def collected(path: str, name: str, stack_name: str, device: str, profile: str) -> dict:
     """The timed round as the harness's worker runs it (default collectors; tracemalloc and the CPU allocator's
-    events are the memory round's), in this (fresh) process, plus the CPU time of the run: on a shared machine it moves less than
-    wall time when other work takes the cores."""
+    events are the memory round's), in this (fresh) process, plus the CPU time of the run: on a shared machine
+    it moves less than wall time when other work takes the cores."""
     from harness.measure import measure, resolve_device
     from harness.metrics import collect
 

@@ -63,7 +63,8 @@ def main() -> int:
     print(f"\n{ITERATIONS} iterations x {rounds} interleaved rounds, one thread; us per iteration")
     print(f"{'mode':20s} {'min':>7s} {'median':>7s}  cpu.heap_alloc.peak")
     for mode in modes:
-        print(f"{mode:20s} {min(times[mode]):7.2f} {statistics.median(times[mode]):7.2f}  {sorted(peaks[mode], key=str)}")
+        peak = sorted(peaks[mode], key=str)
+        print(f"{mode:20s} {min(times[mode]):7.2f} {statistics.median(times[mode]):7.2f}  {peak}")
     return 0
 
 
