@@ -59,10 +59,10 @@ def measure_rounds(workload, stack: str, settings: Settings) -> Measurement:
                          for name in first.metrics}
         first.rounds = len(rounds)
         first.phases = {k: round(sum(r.phases.get(k, 0.0) for r in rounds), 3) for k in first.phases}
-    if not failed and settings.python_heap:
+    if not failed and (settings.python_heap or settings.cpu_tensors):
         t0 = time.perf_counter()
-        first.metrics["host.heap_alloc.peak"] = heap_round(workload, stack, settings)
-        first.phases["heap_round"] = round(time.perf_counter() - t0, 3)  # a whole round of its own
+        first.metrics.update(memory_round(workload, stack, settings))
+        first.phases["memory_round"] = round(time.perf_counter() - t0, 3)  # a whole round of its own
     m = failed or first
     if settings.parallel_items > 1:
         _mark_contended(m, settings.parallel_items)
@@ -97,35 +97,43 @@ def _attention_missing(workload, stack: str, device: str) -> str | None:
     return None
 
 
-def heap_round(workload, stack: str, settings: Settings) -> MetricValue:
-    """host.heap_alloc.peak from a round of its own. tracemalloc traces every Python allocation: under it
-    the paged stack decoded 3x slower on an H200, so the timed rounds run without it and this round, the
-    same workload in a fresh worker, runs with it (and without the CPU-tensor profiler, which it needs not)."""
-    m = _measure_in_worker(workload, stack, settings, heap_round=True)
+# Measured in the memory round, not in the timed rounds.
+MEMORY_ROUND = ("host.heap_alloc.peak", "cpu.heap_alloc.peak")
+
+
+def memory_round(workload, stack: str, settings: Settings) -> dict[str, MetricValue]:
+    """host.heap_alloc.peak and cpu.heap_alloc.peak from a round of their own: tracemalloc traces every
+    Python allocation (the paged stack decoded 3x slower under it on an H200) and the CPU allocator's
+    memory events cost 5-12% of an allocation-heavy CPU run, so the timed rounds run without either and
+    this round, the same workload in a fresh worker, runs with them (neither moves the other's bytes)."""
+    m = _measure_in_worker(workload, stack, settings, memory_round=True)
+    wanted = [n for n, on in zip(MEMORY_ROUND, (settings.python_heap, settings.cpu_tensors)) if on]
     if m.error or m.skipped:
-        return MetricValue.null(f"the heap round failed: {(m.error or {}).get('message') or m.skipped}"[:500])
-    heap = m.metrics["host.heap_alloc.peak"]
-    if heap.value is not None:
-        heap.detail = "tracemalloc, during the run, in a round of its own (the timed rounds run without it)"
-    return heap
+        why = f"the memory round failed: {(m.error or {}).get('message') or m.skipped}"[:500]
+        return {name: MetricValue.null(why) for name in wanted}
+    taken = {name: m.metrics[name] for name in wanted}
+    for value in taken.values():
+        if value.value is not None:
+            value.detail = f"{value.detail}, in a memory round of its own (the timed rounds run without it)"
+    return taken
 
 
-def _worker_command(workload, stack: str, s: Settings, out: str, heap_round: bool = False) -> list[str]:
+def _worker_command(workload, stack: str, s: Settings, out: str, memory_round: bool = False) -> list[str]:
     cmd = [_python(stack, s.rootdir), "-m", "harness.worker", "--file", workload.path, "--workload", workload.name,
            "--stack", stack, "--device", s.device, "--out", out, "--rootdir", s.rootdir,
            "--sample-period-ms", str(s.sample_period_ms), "--launched-at", repr(time.time())]
     if workload.profile:
         cmd += ["--profile", workload.profile]
-    if not heap_round:  # tracemalloc runs in the heap round only
+    if not (memory_round and s.python_heap):  # tracemalloc and the CPU allocator's events: the memory round only
         cmd.append("--no-python-heap")
-    if heap_round or not s.cpu_tensors:
+    if not (memory_round and s.cpu_tensors):
         cmd.append("--no-cpu-tensors")
     return cmd
 
 
-def _measure_in_worker(workload, stack: str, s: Settings, heap_round: bool = False) -> Measurement:
+def _measure_in_worker(workload, stack: str, s: Settings, memory_round: bool = False) -> Measurement:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_source_root(), os.environ.get("PYTHONPATH")]))}
-    command = lambda out: _worker_command(workload, stack, s, out, heap_round)  # noqa: E731
+    command = lambda out: _worker_command(workload, stack, s, out, memory_round)  # noqa: E731
     if workload.tensor_parallel > 1 and tensor_parallel.runs_ranks(stack):  # one worker per rank
         return tensor_parallel.measure_ranks(workload, stack, command,
                                              env, s.timeout_s, lambda rc, err: _death(rc) + _tail(err))
