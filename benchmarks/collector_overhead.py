@@ -34,7 +34,7 @@ from harness.baselines import BaselineStore  # noqa: E402
 from harness.metrics.catalog import METRICS  # noqa: E402
 from harness.metrics.value import MetricValue  # noqa: E402
 from harness.measurement import Measurement  # noqa: E402
-from harness.runner import Settings, memory_round  # noqa: E402
+from harness.runner import MEMORY_ROUND, Settings, memory_round  # noqa: E402
 
 # Exact by construction: these must equal the committed baseline to the byte. (kv.page_footprint is exact
 # for the addresses a run got, but where malloc puts the cache moves it by a page or two: shown as a change.)
@@ -195,7 +195,9 @@ def _item(wl, stack: str, settings: Settings, store: BaselineStore, device_class
                     f"{m.metrics['tokens_per_s'].value:.2f} tok/s; off wall {c['time.wall']:.3f} s, "
                     f"cpu {c['cpu_s']:.3f} s, {c['tokens_per_s']:.2f} tok/s", flush=True)
     start = time.perf_counter()
-    memory_metrics = memory_round(wl, stack, settings) if with_memory else {}
+    if with_memory:
+        memory_round(wl, stack, settings, on[0])
+    memory_metrics = {name: on[0].metrics[name] for name in MEMORY_ROUND if with_memory and name in on[0].metrics}
     memory_s = f"{time.perf_counter() - start:.1f} s" if with_memory else "not run"
     for m in on:
         m.metrics.update(memory_metrics)

@@ -61,7 +61,7 @@ def measure_rounds(workload, stack: str, settings: Settings) -> Measurement:
         first.phases = {k: round(sum(r.phases.get(k, 0.0) for r in rounds), 3) for k in first.phases}
     if not failed and (settings.python_heap or settings.cpu_tensors):
         t0 = time.perf_counter()
-        first.metrics.update(memory_round(workload, stack, settings))
+        memory_round(workload, stack, settings, first)
         first.phases["memory_round"] = round(time.perf_counter() - t0, 3)  # a whole round of its own
     m = failed or first
     if settings.parallel_items > 1:
@@ -101,21 +101,26 @@ def _attention_missing(workload, stack: str, device: str) -> str | None:
 MEMORY_ROUND = ("host.heap_alloc.peak", "cpu.heap_alloc.peak")
 
 
-def memory_round(workload, stack: str, settings: Settings) -> dict[str, MetricValue]:
-    """host.heap_alloc.peak and cpu.heap_alloc.peak from a round of their own: tracemalloc traces every
-    Python allocation (the paged stack decoded 3x slower under it on an H200) and the CPU allocator's
-    memory events cost 5-12% of an allocation-heavy CPU run, so the timed rounds run without either and
-    this round, the same workload in a fresh worker, runs with them (neither moves the other's bytes)."""
+def memory_round(workload, stack: str, settings: Settings, timed: Measurement) -> None:
+    """host.heap_alloc.peak and cpu.heap_alloc.peak from a round of their own, into the timed measurement (and
+    its ranks, for a tensor-parallel item): tracemalloc traces every Python allocation (the paged stack decoded
+    3x slower under it on an H200) and the CPU allocator's memory events cost 5-12% of an allocation-heavy CPU
+    run, so the timed rounds run without either and this round, the same workload in a fresh worker, runs with
+    them (neither moves the other's bytes)."""
     m = _measure_in_worker(workload, stack, settings, memory_round=True)
     wanted = [n for n, on in zip(MEMORY_ROUND, (settings.python_heap, settings.cpu_tensors)) if on]
     if m.error or m.skipped:
         why = f"the memory round failed: {(m.error or {}).get('message') or m.skipped}"[:500]
-        return {name: MetricValue.null(why) for name in wanted}
-    taken = {name: m.metrics[name] for name in wanted}
-    for value in taken.values():
+        timed.metrics.update({name: MetricValue.null(why) for name in wanted})
+        return
+    for name in wanted:
+        value = m.metrics[name]
         if value.value is not None:
             value.detail = f"{value.detail}, in a memory round of its own (the timed rounds run without it)"
-    return taken
+        timed.metrics[name] = value
+    ranks = {r["rank"]: r["metrics"] for r in m.ranks}
+    for rank in timed.ranks:
+        rank["metrics"].update({name: ranks.get(rank["rank"], {}).get(name) for name in wanted})
 
 
 def _worker_command(workload, stack: str, s: Settings, out: str, memory_round: bool = False) -> list[str]:

@@ -98,6 +98,8 @@ class Workload:
         what = {"preset": self.preset.name, "overrides": self.overrides, "dtype": self.dtype, "seed": self.seed,
                 "requests": [asdict(r) for r in self.requests], "rounds": self.rounds, "engine": self.engine,
                 "tensor_parallel": self.tensor_parallel}
+        if self.preset.config_digest:  # a user's config.json: what it says, not where it lies
+            what["preset"] = {"model_type": self.preset.model_type, "config": self.preset.config_digest}
         if attention:  # absent for a plain stack entry: the digests of existing baselines stay as they were
             what["attention"] = attention
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]

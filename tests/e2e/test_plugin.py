@@ -84,7 +84,7 @@ def test_rounds_are_forked_and_durations_show_where_the_time_went(project):
     result.stdout.fnmatch_lines(["*memcheck durations*", "item * startup * build * run * teardown * exit * report * total",
                                  "tiny[[]toy[]] *s *s *s *s *s *s *s", "all 1 items *"])
     item = json.loads((project.path / "r.json").read_text())["items"][0]
-    assert set(item["phases"]) == {"startup", "build", "run", "teardown", "exit", "report"}
+    assert set(item["phases"]) == {"startup", "build", "warmup", "run", "teardown", "exit", "memory_round", "report"}
     assert "worker process: forked from a fork server that imported torch and transformers once" in item["notes"]
     result = run(project, "--memcheck", "--memcheck-report", "r.json", "--memcheck-no-fork-server")
     item = json.loads((project.path / "r.json").read_text())["items"][0]
