@@ -29,8 +29,8 @@ class Config:
 
 def load(rootdir: str | Path | None = None) -> Config:
     with open(_DEFAULTS, "rb") as f:
-        raw_thresholds = dict(tomllib.load(f)["thresholds"])
-    config = Config()
+        defaults = tomllib.load(f)["thresholds"]
+    config = Config(thresholds=rules.merge({}, defaults, _where(str(_DEFAULTS), "thresholds")))
     pyproject = Path(rootdir or ".") / "pyproject.toml"
     if pyproject.is_file():
         try:
@@ -42,20 +42,17 @@ def load(rootdir: str | Path | None = None) -> Config:
         if unknown:
             raise UsageError(f"unknown key; known: {', '.join(sorted(KEYS))}", str(pyproject),
                              field=f"tool.memcheck.{sorted(unknown)[0]}")
-        raw_thresholds.update(section.get("thresholds", {}))
         config.suites = list(section.get("suites", config.suites))
         config.baselines = section.get("baselines", config.baselines)
         config.source = str(pyproject)
         config.strict_environment = _strict_environment(section.get("strict_environment", []), config.source)
-
-    def where(field_path, message):
-        return UsageError(message, config.source, field=f"tool.memcheck.thresholds.{field_path}")
-
-    for metric, raw in raw_thresholds.items():
-        rule = rules.parse(metric, raw, where)
-        if rule is not None:
-            config.thresholds[metric] = rule
+        config.thresholds = rules.merge(config.thresholds, section.get("thresholds", {}),
+                                        _where(config.source, "tool.memcheck.thresholds"))
     return config
+
+
+def _where(source: str, prefix: str):
+    return lambda field_path, message: UsageError(message, source, field=f"{prefix}.{field_path}".rstrip("."))
 
 
 def _strict_environment(raw, source: str) -> tuple[str, ...]:

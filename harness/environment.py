@@ -75,6 +75,12 @@ def fingerprint(device=None, cwd: str | None = None) -> dict:
     return env
 
 
+def of_item(device, profile: str | None, workload_digest: str) -> dict:
+    """The fingerprint stored with an item's measurement and baseline: this runner's, plus the item's profile and
+    the digest of its workload definition (both physical fields). Workload items and measured code blocks alike."""
+    return {**fingerprint(device), "profile": profile, "workload": workload_digest}
+
+
 def _differing(fields, baseline: dict, current: dict, stack: str) -> list[tuple[str, object, object]]:
     out = []
     for key in fields:

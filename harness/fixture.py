@@ -60,7 +60,7 @@ class BlockMeter:
         digest = hashlib.sha256(self.request.node.nodeid.encode()).hexdigest()[:16]
         m = Measurement(self._name, STACK, str(self.request.node.path), scaled=False, digest=digest)
         m.metrics, m.timeline = metrics, self.collectors.timeline
-        m.environment = {**environment.fingerprint(self.device), "profile": None, "workload": digest}
+        m.environment = environment.of_item(self.device, None, digest)
         self.measurement = m
         if exc_type is None:
             self._judge()
@@ -87,16 +87,10 @@ class BlockMeter:
         session = self.request.config.stash.get(_session_key(), None)
         if session is None:
             return
-        m = self.measurement
-        rule_set = dict(session.project.thresholds)
-        where = lambda f, msg: UsageError(msg, str(self.request.node.path), field=f"memcheck thresholds.{f}")  # noqa: E731
-        for metric, raw in self._thresholds.items():
-            rule = rules.parse(metric, raw, where)
-            if rule is None:
-                rule_set.pop(metric, None)
-            else:
-                rule_set[metric] = rule
-        self.result = judge_item(m, rule_set, session.settings)
+        where = lambda f, msg: UsageError(msg, str(self.request.node.path),  # noqa: E731
+                                          field=f"memcheck thresholds.{f}".rstrip("."))
+        rule_set = rules.merge(session.project.thresholds, self._thresholds, where)
+        self.result = judge_item(self.measurement, rule_set, session.settings)
         session.report.items.append(self.result)
 
 

@@ -30,9 +30,8 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
             launched_at: float | None = None) -> Measurement:
     """launched_at: time.time() when the runner started this process, for the startup phase."""
     attention = stacks.split(stack_name)[1]
-    m = Measurement(workload.name, stack_name, workload.path, workload.profile, workload.scaled,
-                    workload.digest(attention))
-    m.environment = {**environment.fingerprint(device), "profile": workload.profile, "workload": m.digest}
+    m = Measurement.of_item(workload, stack_name)
+    m.environment = environment.of_item(device, workload.profile, m.digest)
     m.model = workload.preset.identity
     try:
         stack_cls = stacks.load(stack_name)

@@ -30,6 +30,14 @@ class Measurement:
     # Not a metric.
     phases: dict[str, float] = field(default_factory=dict)
 
+    @classmethod
+    def of_item(cls, workload, stack: str) -> "Measurement":
+        """An empty measurement of one (workload, stack) item, named and digested as every other of that item."""
+        from .stacks import split
+
+        return cls(workload.name, stack, workload.path, workload.profile, workload.scaled,
+                   workload.digest(split(stack)[1]))
+
     @property
     def id(self) -> str:
         return f"{self.workload}[{self.stack}]"

@@ -127,6 +127,23 @@ def parse(metric: str, raw, where) -> Rule | None:
     return Rule(metric, text=text, **fields)
 
 
+def merge(base: dict[str, Rule], raw, where) -> dict[str, Rule]:
+    """The one place rules are layered: built-in defaults < the project's [tool.memcheck] < the workload's
+    `thresholds:` < a `memcheck` marker's or fixture's `thresholds=`. `raw` (metric -> rule, `off` drops the
+    metric's rule) overrides `base`; `where(field, message)` names the field in the file being read ('' is the
+    mapping itself)."""
+    if not isinstance(raw, dict):
+        raise where("", "must be a mapping of metric name to rule")
+    merged = dict(base)
+    for metric, rule_raw in raw.items():
+        rule = parse(metric, rule_raw, where)
+        if rule is None:
+            merged.pop(metric, None)
+        else:
+            merged[metric] = rule
+    return merged
+
+
 def _parse_increase(raw, unit: str) -> dict:
     parts = [p.strip() for p in raw.split(" and ")] if isinstance(raw, str) else [raw]
     if len(parts) > 2:

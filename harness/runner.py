@@ -47,8 +47,7 @@ CONTENDED = ("time.wall", "tokens_per_s", "ttft", "tpot")
 def measure_rounds(workload, stack: str, settings: Settings) -> Measurement:
     missing = _attention_missing(workload, stack, settings.device)
     if missing:  # skipped before any worker starts: a worker costs seconds of imports, on every CPU CI run
-        m = Measurement(workload.name, stack, workload.path, workload.profile, workload.scaled,
-                        workload.digest(stacks.split(stack)[1]))
+        m = Measurement.of_item(workload, stack)
         m.skipped = missing
         return m
     rounds = [_measure_in_worker(workload, stack, settings) for _ in range(workload.rounds)]
@@ -146,8 +145,7 @@ def _measure_in_worker(workload, stack: str, s: Settings, memory_round: bool = F
     os.close(fd)
     fd, log = tempfile.mkstemp(prefix="memcheck-", suffix=".log")
     os.close(fd)
-    m = Measurement(workload.name, stack, workload.path, workload.profile, workload.scaled,
-                    workload.digest(stacks.split(stack)[1]))
+    m = Measurement.of_item(workload, stack)
     try:
         t0 = time.perf_counter()
         cmd = command(out)

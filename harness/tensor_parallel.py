@@ -86,7 +86,7 @@ def measure_ranks(workload, stack: str, command, env: dict, timeout_s: float | N
         for out in outs:
             os.unlink(out)
     if failures or len(measured) != n:
-        m = Measurement(workload.name, stack, workload.path, workload.profile, workload.scaled, workload.digest())
+        m = Measurement.of_item(workload, stack)
         m.error = {"kind": "timeout" if timed_out else "crash",
                    "message": f"{len(failures)} of {n} tensor-parallel ranks ended without a result: "
                               + "; ".join(failures)}

@@ -180,16 +180,8 @@ def _parse(doc, at: str, raw, profile, known_stacks, default_rules) -> Workload:
         _check_stack(stack, known_stacks, lambda m, i=i: err(f"stacks[{i}]", m))
         if stack in stacks[:i]:
             raise err(f"stacks[{i}]", f"{stack!r} is listed twice")
-    thresholds = dict(default_rules)
-    raw_thresholds = raw.get("thresholds") or {}
-    if not isinstance(raw_thresholds, dict):
-        raise err("thresholds", "must be a mapping of metric name to rule")
-    for metric, rule_raw in raw_thresholds.items():
-        rule = rules.parse(metric, rule_raw, lambda f, m: err(f"thresholds.{f}", m))
-        if rule is None:
-            thresholds.pop(metric, None)
-        else:
-            thresholds[metric] = rule
+    thresholds = rules.merge(default_rules, raw.get("thresholds") or {},
+                             lambda f, m: err(f"thresholds.{f}".rstrip("."), m))
     engine = raw.get("engine") or {}
     if not isinstance(engine, dict):
         raise err("engine", "must be a mapping of engine settings")
