@@ -52,7 +52,7 @@ def control(path: str, name: str, stack_name: str, device: str, profile: str) ->
     """The no-collector control, in this (fresh) process: prepare, warm up, run, timed as measure() times."""
     import torch
 
-    from harness.measure import resolve_device
+    from harness.devices import resolve_device
 
     wl = _load(path, profile, name)
     dev = resolve_device(device)
@@ -73,7 +73,8 @@ def collected(path: str, name: str, stack_name: str, device: str, profile: str) 
     """The timed round as the harness's worker runs it (default collectors; tracemalloc and the CPU allocator's
     events are the memory round's), in this (fresh) process, plus the CPU time of the run: on a shared machine
     it moves less than wall time when other work takes the cores."""
-    from harness.measure import measure, resolve_device
+    from harness.devices import resolve_device
+    from harness.measure import measure
     from harness.metrics import collect
 
     started, finished, cpu = collect.Collectors.run_started, collect.Collectors.run_finished, {}

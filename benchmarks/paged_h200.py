@@ -44,7 +44,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "paged")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from harness import config, stacks, workload  # noqa: E402
-from harness.measure import measure, resolve_device  # noqa: E402
+from harness.devices import resolve_device  # noqa: E402
+from harness.measure import measure  # noqa: E402
 from harness.metrics.collect import CollectorOptions  # noqa: E402
 
 GB = 1e9

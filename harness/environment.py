@@ -14,6 +14,8 @@ import platform
 import re
 import subprocess
 
+from .devices import is_cuda
+
 # A difference makes a baseline incomparable. (A metric's revision is compared per metric, in rules.py.)
 PHYSICAL = ("device_class", "gpu", "profile", "workload")
 # A difference is judged across and named beside the verdict. vllm matters to the vllm stack only.
@@ -35,7 +37,7 @@ def _slug(text: str) -> str:
 
 def device_class(device=None) -> str:
     """'nvidia-h200' for a GPU runner, 'cpu-x86_64' for a CPU runner."""
-    if getattr(device, "type", device) == "cuda":
+    if is_cuda(device):
         import torch
 
         return _slug(torch.cuda.get_device_name(device))
@@ -63,7 +65,7 @@ def fingerprint(device=None, cwd: str | None = None) -> dict:
         "python": platform.python_version(), "platform": platform.platform(terse=True),
         "cpu": platform.processor() or platform.machine(), "git_sha": git_sha(cwd),
     }
-    if getattr(device, "type", device) == "cuda":
+    if is_cuda(device):
         env["gpu"] = torch.cuda.get_device_name(device)
         try:
             import pynvml

@@ -39,7 +39,7 @@ class BlockMeter:
         return self
 
     def __enter__(self):
-        from .measure import resolve_device
+        from .devices import resolve_device
 
         session = self.request.config.stash.get(_session_key(), None)
         device = self._device or (session.settings.device if session else "auto")

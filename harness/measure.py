@@ -12,20 +12,6 @@ from .metrics.collect import CollectorOptions, Collectors
 from .metrics.value import MetricValue
 
 
-def resolve_device(name: str = "auto"):
-    import torch
-
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise StackUnavailable("--memcheck-device asks for CUDA but this runner has no CUDA device")
-        device = torch.device("cuda", device.index or 0)
-        torch.cuda.set_device(device)
-    return device
-
-
 def measure(workload, stack_name: str, device, options: CollectorOptions | None = None,
             launched_at: float | None = None) -> Measurement:
     """launched_at: time.time() when the runner started this process, for the startup phase."""
@@ -70,7 +56,7 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
             raise
     finally:
         weights = _safe(stack.weights_bytes)
-        workspace = _safe(getattr(stack, "workspace_bytes", lambda: None))  # declared by engine stacks
+        workspace = _safe(stack.workspace_bytes)
         stack.close()
         del stack
         gc.collect()
@@ -102,7 +88,7 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
 
 def _warm_up(stack) -> MetricValue:
     """The stack's warm-up, timed: after prepare() and before the timed run, inside the collectors."""
-    if type(stack).warmup is stacks.Stack.warmup:
+    if not stack.has_warmup():
         return MetricValue.null(f"the {stack.name or type(stack).__name__} stack has no warm-up")
     start = time.perf_counter()
     stack.warmup()

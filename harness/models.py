@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from .devices import is_cuda
+
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
@@ -11,7 +13,7 @@ def torch_dtype(workload, device):
 
     name = workload.dtype
     if name == "auto":  # bf16 where the hardware runs it fast, float32 on CPU runners
-        name = "bfloat16" if getattr(device, "type", device) == "cuda" else "float32"
+        name = "bfloat16" if is_cuda(device) else "float32"
     return getattr(torch, DTYPES[name])
 
 
@@ -41,7 +43,7 @@ def build_hf_model(workload, device, attn_implementation: str | dict = "sdpa"):
     dtype = torch_dtype(workload, device)
     factory = model_factory(workload)
     torch.manual_seed(workload.seed)
-    if getattr(device, "type", device) == "cuda":
+    if is_cuda(device):
         torch.cuda.manual_seed_all(workload.seed)
     # Built directly on the device: a 7B model initialised on the CPU first would take minutes.
     with torch.device(device):

@@ -226,7 +226,7 @@ def _fork_server(python: str, env: dict, stack: str) -> forkserver.ForkServer:
         from . import stacks
 
         try:
-            preload = getattr(stacks.load(stack), "fork_preload", ())
+            preload = stacks.load(stack).fork_preload
         except Exception:  # noqa: BLE001 - a stack that cannot load says why from inside its worker
             preload = ()
         server = _SERVERS[python] = forkserver.ForkServer(python, {**env, forkserver.PRELOAD_ENV: ",".join(preload)})
@@ -249,7 +249,7 @@ atexit.register(_close_servers)
 def _python(stack: str, rootdir: str) -> str:
     """The worker's interpreter: the stack's own environment where it names one (vLLM's), else this one."""
     try:
-        return getattr(stacks.load(stack), "worker_python", lambda _: None)(rootdir) or sys.executable
+        return stacks.load(stack).worker_python(rootdir) or sys.executable
     except Exception:  # noqa: BLE001 - a stack that cannot even load reports why from inside the worker
         return sys.executable
 

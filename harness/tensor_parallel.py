@@ -34,7 +34,7 @@ def runs_ranks(stack: str) -> bool:
     from . import stacks
 
     try:
-        return bool(getattr(stacks.load(stack), "rank_processes", False))
+        return stacks.load(stack).rank_processes
     except Exception:  # noqa: BLE001 - a stack that cannot load says why from inside its worker
         return False
 

@@ -32,7 +32,8 @@ def main(argv=None) -> int:
 
     from . import config, stacks, workload
     from .errors import StackUnavailable, UsageError
-    from .measure import measure, resolve_device
+    from .devices import resolve_device
+    from .measure import measure
     from .measurement import Measurement
     from .metrics.collect import CollectorOptions
 
@@ -65,7 +66,7 @@ def _rank_device(name: str, rank: int):
     """Rank R of a tensor-parallel item runs on cuda:R (never touching cuda:0 first), or on the CPU."""
     import torch
 
-    from .measure import resolve_device
+    from .devices import resolve_device
 
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"

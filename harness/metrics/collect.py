@@ -10,6 +10,8 @@ import gc
 import time
 from dataclasses import dataclass
 
+from ..devices import is_cuda
+
 from .catalog import METRICS
 from .host import HostCollector, ResidentReader
 from .value import MetricValue
@@ -29,7 +31,7 @@ class Collectors:
     def __init__(self, device, options: CollectorOptions | None = None):
         self.device = device
         self.options = options or CollectorOptions()
-        self.on_gpu = getattr(device, "type", device) == "cuda"
+        self.on_gpu = is_cuda(device)
         self.host = HostCollector(self.options.python_heap, self.options.in_process, self.options.sample_period_s)
         self.cuda = self.sampler = self.cpu_tensors = None
         if self.on_gpu:

@@ -74,7 +74,8 @@ def main(argv=None) -> int:
     import torch
 
     from .. import config, stacks, workload
-    from ..measure import measure, resolve_device
+    from ..devices import resolve_device
+    from ..measure import measure
     from ..metrics.collect import CollectorOptions
 
     if not torch.cuda.is_available():

@@ -8,11 +8,12 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from ..errors import StackUnavailable
+from ..errors import StackUnavailable, UsageError
 from .base import RunResult, Stack
 
 GROUP = "memcheck.stacks"
-# Built-ins resolve from the source tree too (running from a checkout that is not installed).
+# The built-in stacks: listed here only (not as entry points), so they resolve from a checkout that is not
+# installed as well. An installed plugin of the same name replaces one.
 BUILTIN = {"hf": "harness.stacks.hf:HFStack", "paged": "harness.stacks.paged:PagedStack",
            "vllm": "harness.stacks.vllm:VLLMStack"}
 
@@ -39,5 +40,10 @@ def split(entry: str) -> tuple[str, str | None]:
 
 def load(entry: str) -> type[Stack]:
     """The stack class of a `stacks:` entry (its attention variant, if any, is the item's, not the class's)."""
-    module, _, attr = _targets()[split(entry)[0]].partition(":")
-    return getattr(importlib.import_module(module), attr)
+    target = _targets()[split(entry)[0]]
+    module, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Stack)):
+        raise UsageError(f"the stack {split(entry)[0]!r} ({target}, entry-point group {GROUP}) is not a subclass "
+                         "of harness.stacks.Stack")
+    return cls

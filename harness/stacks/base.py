@@ -1,6 +1,25 @@
-"""The stack interface: what a serving engine must do to run under memcheck's workloads."""
+"""The stack contract: every hook a stack may implement, in the order the harness calls them.
+
+A stack is one class, subclassing Stack, registered under the entry-point group `memcheck.stacks` (README,
+"Adding a stack"). It must implement `prepare()` and `run()`; every other hook has a default here, and the
+harness calls nothing that is not declared in this file.
+
+    check(workload, device)            classmethod: raise StackUnavailable(reason) when this runner cannot run it
+    check_attention(name, wl, device)  classmethod, stacks with `attentions`: the same for one implementation
+    worker_python(rootdir)             classmethod: the interpreter of a stack living in its own environment
+    prepare()                          build the model and cache: inside the collectors, its memory counts
+    warmup()                           compile, autotune, capture graphs: timed as time.warmup
+    run(collectors) -> RunResult       serve every request; collectors.step(n, **kv) after each engine step
+    weights_bytes(), workspace_bytes() for the analytic floors reported beside the peaks
+    close()                            drop the model; the harness then collects garbage and stops measuring
+
+Class attributes: `name`, `attentions`, `fork_preload`, `rank_processes`. Helpers a stack uses to report the
+metrics every stack reports the same way: `time_metrics` (tokens_per_s, ttft, tpot; harness/stacks/timing.py)
+and `distinct_pages` (kv.page_footprint; harness/stacks/pages.py). Device checks: `harness.devices.is_cuda`.
+"""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from ..metrics.value import MetricValue
@@ -11,7 +30,7 @@ class RunResult:
     """What a stack hands back after running a workload's requests."""
 
     outputs: list[list[int]]  # generated token ids per request, in the workload's request order
-    metrics: dict[str, MetricValue] = field(default_factory=dict)  # kv.* and timing metrics the stack knows
+    metrics: dict[str, MetricValue] = field(default_factory=dict)  # kv.* and time metrics the stack measured
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -19,14 +38,8 @@ class RunResult:
         return sum(len(o) for o in self.outputs)
 
 
-class Stack:
-    """Subclass, register under the entry-point group `memcheck.stacks`, and memcheck runs your engine.
-
-    The harness calls, inside its collectors: `prepare()` (build the model: its memory counts),
-    `warmup()` (timed as time.warmup, outside the timed run), then `run(probe)` (serve every request;
-    call `probe.step(n, **kv)` after each decode step), then `close()`. A stack that cannot run here
-    raises StackUnavailable from `check()`.
-    """
+class Stack(ABC):
+    """Subclass, register under the entry-point group `memcheck.stacks`, and memcheck runs your engine."""
 
     name = ""
     # Attention implementations a workload may pick as `stacks: [NAME:IMPL]`, one item each; the first is
@@ -36,6 +49,10 @@ class Stack:
     # Modules the worker's fork server imports once before forking the rounds of this stack (harness/forkserver.py):
     # only modules whose import starts no thread and initialises no device.
     fork_preload: tuple[str, ...] = ()
+    # True: at `tensor_parallel: N` the harness starts N worker processes, one per rank, and the stack shards
+    # its model over the torch.distributed group they join (harness/rank_workers.py). False: one worker, and
+    # the stack runs its own tensor parallelism (vllm).
+    rank_processes: bool = False
 
     def __init__(self, workload, device):
         self.workload, self.device = workload, device
@@ -55,20 +72,31 @@ class Stack:
         """Raise StackUnavailable(reason) if the attention implementation cannot run here (not installed, needs
         a GPU, not implemented for this model). Called only for stacks that declare `attentions`."""
 
+    @abstractmethod
     def prepare(self) -> None:
-        raise NotImplementedError
+        """Build the model (seeded random weights) and whatever the engine holds before serving."""
 
     def warmup(self) -> None:
         """Run a little of the workload so one-time JIT compilation, autotuning and CUDA-graph capture land
         outside the timed run. Its memory counts in the peaks (the collectors are on); its time is
         time.warmup, not time.wall. The default does nothing (time.warmup is null)."""
 
-    def run(self, probe) -> RunResult:
-        raise NotImplementedError
+    @classmethod
+    def has_warmup(cls) -> bool:
+        return cls.warmup is not Stack.warmup
+
+    @abstractmethod
+    def run(self, collectors) -> RunResult:
+        """Serve every request of the workload. Call `collectors.step(n, **{"kv.bytes": b, "kv.live_bytes": l})`
+        after each engine step: the report's timeline and the sampled peaks are read there."""
 
     def weights_bytes(self) -> int | None:
         """Bytes of the model's parameters and buffers, for the analytic floor."""
         return None
 
+    def workspace_bytes(self) -> int | None:
+        """The activation workspace the engine declares it holds (reported beside the floors); None: not declared."""
+        return None
+
     def close(self) -> None:
-        pass
+        """Drop the model and caches; the harness collects garbage and stops the collectors after it."""

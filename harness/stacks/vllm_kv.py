@@ -24,8 +24,8 @@ from __future__ import annotations
 import time
 
 from ..metrics.value import MetricValue
+from .pages import pages_spanned
 
-PAGE_SHIFT = 21  # 2 MiB pages, as harness.stacks.kv
 
 
 def block_runs(view) -> list[tuple[int, int]]:
@@ -61,11 +61,7 @@ class LayerView:
         kernel = (block_ids[:, None] * self.ratio + torch.arange(self.ratio)).reshape(-1)
         starts = (self.ptr + kernel[:, None] * self.block_stride + self.run_offsets).reshape(-1)
         ends = starts + self.run_lengths.repeat(len(kernel)) - 1
-        first, last = starts >> PAGE_SHIFT, ends >> PAGE_SHIFT
-        out = [first, last]
-        for a, b in zip(first[last - first > 1].tolist(), last[last - first > 1].tolist()):
-            out.append(torch.arange(a + 1, b))  # a run longer than a page: the pages in between
-        return torch.cat(out)
+        return pages_spanned(starts, ends)
 
 
 class EngineKV:

@@ -3,8 +3,9 @@ these run everywhere, with or without vLLM."""
 import pytest
 import torch
 
+from harness.stacks.pages import PAGE_SHIFT
 from harness.stacks.vllm import ENGINE_ARGS, WORKER_CLS, VLLMStack, vllm_importable, vllm_python
-from harness.stacks.vllm_kv import PAGE_SHIFT, LayerView, block_runs
+from harness.stacks.vllm_kv import LayerView, block_runs
 from harness.workload import load_file
 
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..pages import distinct_pages
 from .config import EngineConfig, ModelSpec
-
-PAGE_SHIFT = 21  # 2 MiB pages
 
 
 class KVPool:
@@ -53,9 +52,5 @@ class KVPool:
             return 0
         first = torch.tensor(starts, dtype=torch.int64) * self._block_stride
         last = first + torch.tensor(sizes, dtype=torch.int64) * self._token_stride - 1
-        first = (self._bases[:, None] + first[None, :]).flatten() >> PAGE_SHIFT
-        last = (self._bases[:, None] + last[None, :]).flatten() >> PAGE_SHIFT
-        span = int((last - first).max())
-        pages = [first + k for k in range(span + 1)]  # a read spans span + 1 pages at most
-        pages = torch.cat([torch.minimum(p, last) for p in pages])
-        return int(torch.unique(pages).numel())
+        return distinct_pages((self._bases[:, None] + first[None, :]).flatten(),
+                              (self._bases[:, None] + last[None, :]).flatten())

@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ...devices import is_cuda
 from ...errors import StackUnavailable
 from .config import ModelSpec
 from .model import CausalLM
@@ -34,7 +35,7 @@ from .model import CausalLM
 def check(workload, spec: ModelSpec, device) -> None:
     """Raise StackUnavailable if the workload's model cannot be sharded over its tensor_parallel ranks."""
     n = workload.tensor_parallel
-    if getattr(device, "type", device) == "cuda" and torch.cuda.device_count() < n:
+    if is_cuda(device) and torch.cuda.device_count() < n:
         raise StackUnavailable(f"tensor_parallel {n} needs {n} GPUs (one per rank); this runner has "
                                f"{torch.cuda.device_count()}")
     if spec.mla or spec.n_routed_experts:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import gc
 
+from ...devices import is_cuda
 from ...errors import StackUnavailable
 from ...metrics.value import MetricValue
 from ..base import RunResult, Stack
+from ..timing import time_metrics
 
 
 class PagedStack(Stack):
@@ -44,7 +46,7 @@ class PagedStack(Stack):
             from .parallel import check
 
             check(workload, spec, device)
-        if getattr(device, "type", device) == "cuda":
+        if is_cuda(device):
             try:
                 import triton  # noqa: F401
             except ImportError as e:
@@ -136,13 +138,10 @@ class PagedStack(Stack):
                 [r.images * per_image for r in self.requests], image_sources(self.requests))
         outputs = [s.output for s in seqs]
         metrics = meter.metrics()
-        tokens = sum(len(o) for o in outputs)
-        metrics["tokens_per_s"] = MetricValue(tokens / wall if wall else None)
-        metrics["ttft"] = MetricValue(sum(s.t_first - s.t_arrived for s in seqs) / len(seqs),
-                                      detail="from the step a request arrives to its first token")
-        decoding = [s for s in seqs if len(s.output) > 1]
-        metrics["tpot"] = (MetricValue(sum((s.t_last - s.t_first) / (len(s.output) - 1) for s in decoding)
-                                       / len(decoding)) if decoding else MetricValue.null("one new token only"))
+        metrics.update(time_metrics(
+            sum(len(o) for o in outputs), wall, [s.t_first - s.t_arrived for s in seqs],
+            [(s.t_last - s.t_first) / (len(s.output) - 1) for s in seqs if len(s.output) > 1],
+            ttft_detail="from the step a request arrives to its first token"))
         cfg, pool = self.cfg, self.engine.pool
         graphs = self.engine.runner.graphs
         if graphs is not None and graphs.captured:  # measured at capture; held for the whole run
