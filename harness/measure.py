@@ -10,6 +10,7 @@ from .errors import StackUnavailable
 from .measurement import Measurement
 from .metrics.collect import CollectorOptions, Collectors
 from .metrics.value import MetricValue
+from .states import ErrorKind, ItemError
 
 
 def measure(workload, stack_name: str, device, options: CollectorOptions | None = None,
@@ -50,7 +51,7 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
         m.phases["run"] = round(time.perf_counter() - t0, 3)
         t0 = time.perf_counter()
     except BaseException as e:  # noqa: BLE001 - one failing workload must not stop the rest
-        m.error = {"kind": _kind(e), "message": f"{type(e).__name__}: {e}".strip()[:2000]}
+        m.error = ItemError(_kind(e), f"{type(e).__name__}: {e}".strip()[:2000])
         m.notes.append(traceback.format_exc(limit=8))
         if isinstance(e, KeyboardInterrupt):
             raise
@@ -102,11 +103,11 @@ def _safe(fn):
         return None
 
 
-def _kind(e: BaseException) -> str:
+def _kind(e: BaseException) -> ErrorKind:
     import torch
 
     if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
-        return "oom"
+        return ErrorKind.OOM
     if isinstance(e, RuntimeError) and "can't allocate memory" in str(e):  # torch's CPU allocator
-        return "oom"
-    return "crash"
+        return ErrorKind.OOM
+    return ErrorKind.CRASH

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .metrics.value import MetricValue
+from .states import ItemError
 
 
 @dataclass
@@ -20,7 +21,7 @@ class Measurement:
     timeline: list[dict] = field(default_factory=list)
     artifacts: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    error: dict | None = None  # {"kind": "oom" | "crash" | "timeout", "message": ...}
+    error: ItemError | None = None  # the workload failed: kind (oom, crash, timeout, usage) and message
     skipped: str | None = None  # the stack cannot run on this runner: why
     rounds: int = 1
     ranks: list[dict] = field(default_factory=list)  # tensor parallel: [{rank, metrics: {name: value}}]
@@ -29,6 +30,10 @@ class Measurement:
     # run, teardown (close, collectors), exit (result written, process exit), report (baseline, rules, verdict).
     # Not a metric.
     phases: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if isinstance(self.error, dict):  # read from JSON (a worker's result, a report)
+            self.error = ItemError.from_json(self.error)
 
     @classmethod
     def of_item(cls, workload, stack: str) -> "Measurement":
@@ -48,7 +53,8 @@ class Measurement:
             "scaled": self.scaled, "digest": self.digest,
             "metrics": {k: v.to_json() for k, v in sorted(self.metrics.items())},
             "floors": self.floors, "environment": self.environment, "timeline": self.timeline,
-            "artifacts": self.artifacts, "notes": self.notes, "error": self.error, "skipped": self.skipped,
+            "artifacts": self.artifacts, "notes": self.notes, "error": self.error and self.error.to_json(),
+            "skipped": self.skipped,
             "rounds": self.rounds,
             **({"ranks": self.ranks} if self.ranks else {}),  # absent at tensor_parallel 1
             **({"model": self.model} if self.model else {}),

@@ -14,6 +14,7 @@ from .fixture import memcheck, pytest_runtest_call  # noqa: F401 - registered th
 from .reports import Report
 from .reports import snapshot, terminal
 from .runner import Settings, run_item
+from .states import Verdict
 from .workload import load_file
 
 STASH = pytest.StashKey["MemcheckSession"]()
@@ -200,7 +201,7 @@ class WorkloadItem(pytest.Item):
         self.user_properties.append(("memcheck.verdict", self.result.verdict))
         if self.result.compared_across:  # a dependency bump the verdict was reached across
             self.user_properties.append(("memcheck.compared_across", "; ".join(self.result.compared_across)))
-        if self.result.verdict == "skipped":
+        if self.result.verdict == Verdict.SKIPPED:
             pytest.skip(self.result.reason)
         if self.result.failed:
             raise MemcheckFailure(self.result)

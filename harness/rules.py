@@ -4,7 +4,7 @@ Forms (one mapping per metric):
   max_increase: 2%              relative to the baseline
   max_increase: 64MiB           absolute (sizes for byte metrics, plain numbers otherwise)
   max_increase: 2% and 64MiB    both must be exceeded to regress (noise floor for small values)
-  max: 0.05 / min: 100          ceilings and floors, checked with or without a baseline
+  max: 0.05 / min: 100          a maximum and a minimum, checked with or without a baseline
   direction: lower_is_worse     for throughput-like metrics (default from the metric catalog)
   band: 3                       noisy metrics: beyond 3 standard deviations of the repeated rounds
 A change in the better direction beyond the same threshold is 'improved' (refresh the baseline).
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from . import units
 from .metrics.catalog import METRICS
 from .metrics.value import MetricValue
+from .states import CheckStatus
 
 KEYS = {"max_increase", "max", "min", "direction", "band"}
 DIRECTIONS = ("higher_is_worse", "lower_is_worse")
@@ -29,8 +30,8 @@ class Rule:
     metric: str
     relative: float | None = None  # fraction, from '2%'
     absolute: float | None = None  # metric units, from '64MiB' or a number
-    ceiling: float | None = None
-    floor: float | None = None
+    maximum: float | None = None  # `max:` (stored in reports as "ceiling")
+    minimum: float | None = None  # `min:` (stored in reports as "floor"; not harness/floors.py's analytic floors)
     lower_is_worse: bool = False
     band: float | None = None
     text: str = ""
@@ -43,11 +44,14 @@ class Rule:
 @dataclass
 class Check:
     metric: str
-    status: str  # pass | regressed | improved | new | not_measured | not_compared
+    status: CheckStatus
     value: float | None
     baseline: float | None
     rule: str
     message: str = ""
+
+    def __post_init__(self):
+        self.status = CheckStatus(self.status)
 
     @property
     def delta(self) -> float | None:
@@ -73,24 +77,27 @@ class Check:
         }
 
 
-RULE_FIELDS = ("relative", "absolute", "ceiling", "floor", "band")
+# Rule attribute -> its key in the reports' JSON (the keys are a stable format).
+RULE_FIELDS = {"relative": "relative", "absolute": "absolute", "maximum": "ceiling", "minimum": "floor",
+               "band": "band"}
 
 
 def to_json(rule: Rule) -> dict:
     """A rule as stored in reports: its parsed numbers, so another tool judges by exactly this rule."""
-    return {**{k: getattr(rule, k) for k in RULE_FIELDS}, "lower_is_worse": rule.lower_is_worse, "text": rule.text}
+    return {**{key: getattr(rule, attr) for attr, key in RULE_FIELDS.items()}, "lower_is_worse": rule.lower_is_worse,
+            "text": rule.text}
 
 
 def from_json(metric: str, data: dict) -> Rule:
     """The inverse of to_json. Raises ValueError on anything but numbers where numbers belong."""
     if metric not in METRICS or not isinstance(data, dict):
         raise ValueError(f"rule of unknown metric {str(metric)[:40]!r}")
-    for key in RULE_FIELDS:
+    for key in RULE_FIELDS.values():
         value = data.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ValueError(f"rule {metric}.{key} is {type(value).__name__}, not a number")
-    return Rule(metric, **{k: data.get(k) for k in RULE_FIELDS}, lower_is_worse=bool(data.get("lower_is_worse")),
-                text=str(data.get("text", "")))
+    return Rule(metric, **{attr: data.get(key) for attr, key in RULE_FIELDS.items()},
+                lower_is_worse=bool(data.get("lower_is_worse")), text=str(data.get("text", "")))
 
 
 def parse(metric: str, raw, where) -> Rule | None:
@@ -109,8 +116,8 @@ def parse(metric: str, raw, where) -> Rule | None:
     fields: dict = {"lower_is_worse": METRICS[metric].lower_is_worse}
     parsers = {
         "max_increase": lambda v: _parse_increase(v, unit),
-        "max": lambda v: {"ceiling": _parse_amount(v, unit)},
-        "min": lambda v: {"floor": _parse_amount(v, unit)},
+        "max": lambda v: {"maximum": _parse_amount(v, unit)},
+        "min": lambda v: {"minimum": _parse_amount(v, unit)},
         "band": lambda v: {"band": _parse_band(v)},
     }
     for key, parser in parsers.items():
@@ -187,36 +194,38 @@ def evaluate(rule: Rule, now: MetricValue, base: MetricValue | None) -> Check:
     unit = METRICS[rule.metric].unit
     fmt = lambda v: units.format_value(v, unit)  # noqa: E731
     base_value = base.value if base is not None else None
-    check = Check(rule.metric, "pass", now.value, base_value, rule.text)
+    check = Check(rule.metric, CheckStatus.PASS, now.value, base_value, rule.text)
     if now.value is None:
-        check.status, check.message = "not_measured", f"not measured here: {now.reason}"
+        check.status, check.message = CheckStatus.NOT_MEASURED, f"not measured here: {now.reason}"
         return check
-    # Ceilings and floors hold with or without a baseline.
-    if rule.ceiling is not None and now.value > rule.ceiling:
-        check.status, check.message = "regressed", f"{fmt(now.value)} is above the ceiling {fmt(rule.ceiling)}"
+    # `max:` and `min:` hold with or without a baseline.
+    if rule.maximum is not None and now.value > rule.maximum:
+        check.status = CheckStatus.REGRESSED
+        check.message = f"{fmt(now.value)} is above the ceiling {fmt(rule.maximum)}"
         return check
-    if rule.floor is not None and now.value < rule.floor:
-        check.status, check.message = "regressed", f"{fmt(now.value)} is below the floor {fmt(rule.floor)}"
+    if rule.minimum is not None and now.value < rule.minimum:
+        check.status = CheckStatus.REGRESSED
+        check.message = f"{fmt(now.value)} is below the minimum {fmt(rule.minimum)}"
         return check
     if not rule.compares_baseline:
         return check
     spec = METRICS[rule.metric]
     if base is not None and base_value is not None and base.revision != spec.revision:
-        check.status = "not_compared"
+        check.status = CheckStatus.NOT_COMPARED
         check.message = (f"the baseline measured it by revision {base.revision} of its definition, this run by "
                          f"revision {spec.revision} ({spec.revised}); refresh the baseline")
         return check
     if base is None or base_value is None:
-        check.status = "new"
+        check.status = CheckStatus.NEW
         check.message = "no baseline value" if base is None else f"baseline has no value ({base.reason})"
         return check
     if METRICS[rule.metric].noisy or rule.band is not None:
         return _evaluate_band(rule, now, base, check, fmt)
     worse = check.delta if not rule.lower_is_worse else -check.delta
     if _beyond(rule, worse, base_value):
-        check.status = "regressed"
+        check.status = CheckStatus.REGRESSED
     elif _beyond(rule, -worse, base_value):
-        check.status = "improved"
+        check.status = CheckStatus.IMPROVED
     check.message = _describe(check, fmt)
     return check
 
@@ -234,7 +243,7 @@ def _beyond(rule: Rule, worse_by: float, base_value: float) -> bool:
 def _evaluate_band(rule: Rule, now: MetricValue, base: MetricValue, check: Check, fmt) -> Check:
     rounds = min(len(now.samples), len(base.samples))
     if rounds < MIN_ROUNDS_FOR_BAND:
-        check.status = "not_compared"
+        check.status = CheckStatus.NOT_COMPARED
         check.message = (f"noisy metric: compared only through repeated rounds (rounds >= {MIN_ROUNDS_FOR_BAND}); "
                          f"this run has {max(len(now.samples), 1)}, the baseline {max(len(base.samples), 1)}")
         return check
@@ -245,9 +254,9 @@ def _evaluate_band(rule: Rule, now: MetricValue, base: MetricValue, check: Check
     if rule.relative is not None:  # a relative part widens the band: never flag a change smaller than it
         band = max(band, rule.relative * abs(base.value))
     if worse > band:
-        check.status = "regressed"
+        check.status = CheckStatus.REGRESSED
     elif -worse > band:
-        check.status = "improved"
+        check.status = CheckStatus.IMPROVED
     check.message = _describe(check, fmt) + f" (band ±{fmt(band)} from {rounds} rounds)"
     return check
 

@@ -20,6 +20,7 @@ from .baselines import BaselineStore
 from .errors import StackUnavailable, UsageError
 from .measurement import Measurement
 from .metrics.value import MetricValue
+from .states import ErrorKind, ItemError, Verdict
 from .verdict import ItemResult, judge
 
 
@@ -109,7 +110,7 @@ def memory_round(workload, stack: str, settings: Settings, timed: Measurement) -
     m = _measure_in_worker(workload, stack, settings, memory_round=True)
     wanted = [n for n, on in zip(MEMORY_ROUND, (settings.python_heap, settings.cpu_tensors)) if on]
     if m.error or m.skipped:
-        why = f"the memory round failed: {(m.error or {}).get('message') or m.skipped}"[:500]
+        why = f"the memory round failed: {m.error.message if m.error else m.skipped}"[:500]
         timed.metrics.update({name: MetricValue.null(why) for name in wanted})
         return
     for name in wanted:
@@ -152,7 +153,7 @@ def _measure_in_worker(workload, stack: str, s: Settings, memory_round: bool = F
         try:
             returncode, timed_out, started = _start_worker(cmd, stack, env, log, s)
         except forkserver.ServerDied as e:
-            m.error = {"kind": "crash", "message": str(e)}
+            m.error = ItemError(ErrorKind.CRASH, str(e))
             return m
         wall = time.perf_counter() - t0
         if os.path.getsize(out):
@@ -164,9 +165,9 @@ def _measure_in_worker(workload, stack: str, s: Settings, memory_round: bool = F
         with open(log, "rb") as f:
             stderr = f.read()
         if timed_out:
-            m.error = {"kind": "timeout", "message": f"no result after {s.timeout_s:g} s" + _tail(stderr)}
+            m.error = ItemError(ErrorKind.TIMEOUT, f"no result after {s.timeout_s:g} s" + _tail(stderr))
         else:
-            m.error = {"kind": "crash", "message": _death(returncode) + _tail(stderr)}
+            m.error = ItemError(ErrorKind.CRASH, _death(returncode) + _tail(stderr))
     finally:
         os.unlink(out)
         os.unlink(log)
@@ -292,11 +293,11 @@ def judge_item(m: Measurement, rule_set: dict, settings: Settings, store: Baseli
         except UsageError as e:
             baseline_error = str(e)
     result = judge(m, rule_set, baseline, baseline_error, settings.strict_environment)
-    if settings.update_baselines and result.verdict not in ("error", "skipped"):
+    if settings.update_baselines and result.verdict not in (Verdict.ERROR, Verdict.SKIPPED):
         path, changes = store.write(m)
         result.baseline_path = str(path)
         result.updated = changes
-    elif result.verdict == "new" and settings.strict:
+    elif result.verdict == Verdict.NEW and settings.strict:
         result.strict = True
         result.reason += "; --memcheck-strict fails it: record one with --memcheck-update-baselines"
     m.phases["report"] = round(time.perf_counter() - t0, 3)  # baseline lookup, rules, verdict, baseline write

@@ -12,12 +12,14 @@ class _State(str, Enum):
 
 
 class Verdict(_State):
-    PASS = "pass"
+    """One item's verdict; declared worst first (the order of every report's summary)."""
+
     REGRESSED = "regressed"
-    IMPROVED = "improved"  # beyond the threshold in the better direction: refresh the baseline
-    NEW = "new"  # no baseline for this device class yet
-    INCOMPARABLE = "incomparable"  # baseline from another device class, GPU, profile or workload definition
     ERROR = "error"  # the workload failed (out of memory, crash, timeout, bad input)
+    IMPROVED = "improved"  # beyond the threshold in the better direction: refresh the baseline
+    INCOMPARABLE = "incomparable"  # baseline from another device class, GPU, profile or workload definition
+    NEW = "new"  # no baseline for this device class yet
+    PASS = "pass"
     SKIPPED = "skipped"  # the stack cannot run on this runner
 
 

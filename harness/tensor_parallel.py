@@ -22,6 +22,7 @@ import time
 
 from .measurement import Measurement
 from .metrics.value import MetricValue
+from .states import ErrorKind, ItemError
 
 LOOPBACK = "127.0.0.1"
 GRACE_S = 10.0  # how long the other ranks may take to finish once one rank has stopped
@@ -87,10 +88,10 @@ def measure_ranks(workload, stack: str, command, env: dict, timeout_s: float | N
             os.unlink(out)
     if failures or len(measured) != n:
         m = Measurement.of_item(workload, stack)
-        m.error = {"kind": "timeout" if timed_out else "crash",
-                   "message": f"{len(failures)} of {n} tensor-parallel ranks ended without a result: "
-                              + "; ".join(failures)}
-        rank_errors = [f"rank {r}: {x.error['message']}" for r, x in enumerate(measured) if x.error]
+        m.error = ItemError(ErrorKind.TIMEOUT if timed_out else ErrorKind.CRASH,
+                            f"{len(failures)} of {n} tensor-parallel ranks ended without a result: "
+                            + "; ".join(failures))
+        rank_errors = [f"rank {r}: {x.error.message}" for r, x in enumerate(measured) if x.error]
         if rank_errors:
             m.notes.append("the other ranks: " + "; ".join(rank_errors))
         return m
@@ -142,7 +143,7 @@ def merge(ranks: list[Measurement]) -> Measurement:
     failed = next((m for m in ranks if m.error), None)
     if failed is not None:
         r = ranks.index(failed)
-        failed.error = {**failed.error, "message": f"rank {r}: {failed.error['message']}"}
+        failed.error = ItemError(failed.error.kind, f"rank {r}: {failed.error.message}")
         return failed
     skipped = next((m for m in ranks if m.skipped), None)
     if skipped is not None:

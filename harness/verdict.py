@@ -16,14 +16,15 @@ from .baselines import Baseline
 from .measurement import Measurement
 from .metrics.catalog import reported_by
 from .metrics.value import MetricValue
+from .states import CheckStatus, Verdict
 
-FAILING = ("regressed", "error")
+FAILING = (Verdict.REGRESSED, Verdict.ERROR)
 
 
 @dataclass
 class ItemResult:
     measurement: Measurement
-    verdict: str
+    verdict: Verdict
     reason: str = ""
     checks: list[rules.Check] = field(default_factory=list)
     baseline_path: str | None = None
@@ -35,15 +36,19 @@ class ItemResult:
     compared_across: list[str] = field(default_factory=list)  # software versions judged across: 'torch 2.12 -> 2.13'
     rule_set: dict[str, rules.Rule] = field(default_factory=dict)  # judged by these (`memcheck compare` reuses them)
 
+    def __post_init__(self):
+        self.verdict = Verdict(self.verdict)
+
     @property
     def id(self) -> str:
         return self.measurement.id
 
     @property
     def failed(self) -> bool:
+        """The one place that decides whether an item fails the run (pytest, `memcheck`, reports, exit codes)."""
         if self.updated is not None:  # a refresh accepted this run's numbers as the new baseline
-            return self.verdict == "error"
-        return self.verdict in FAILING or (self.strict and self.verdict == "new")
+            return self.verdict == Verdict.ERROR
+        return self.verdict in FAILING or (self.strict and self.verdict == Verdict.NEW)
 
     def to_json(self) -> dict:
         m = self.measurement.to_json()
@@ -68,13 +73,12 @@ def judge(m: Measurement, rule_set: dict[str, rules.Rule], baseline: Baseline | 
           baseline_error: str | None = None, strict_environment=()) -> ItemResult:
     """`strict_environment`: software fields the project makes incomparable ([tool.memcheck])."""
     if m.skipped:
-        return ItemResult(m, "skipped", m.skipped)
+        return ItemResult(m, Verdict.SKIPPED, m.skipped)
     if m.error:
-        kind = {"oom": "out of memory", "crash": "crashed", "timeout": "timed out", "usage": "bad input"}
-        return ItemResult(m, "error", f"{kind.get(m.error['kind'], m.error['kind'])}: {m.error['message']}")
+        return ItemResult(m, Verdict.ERROR, f"{m.error.kind.describe}: {m.error.message}")
     if baseline_error:
-        return ItemResult(m, "error", baseline_error)
-    result = ItemResult(m, "pass", rule_set=dict(rule_set))
+        return ItemResult(m, Verdict.ERROR, baseline_error)
+    result = ItemResult(m, Verdict.PASS, rule_set=dict(rule_set))
     comparable = baseline
     if baseline is not None:
         result.baseline_path, result.baseline_recorded = str(baseline.path), baseline.recorded
@@ -92,19 +96,19 @@ def judge(m: Measurement, rule_set: dict[str, rules.Rule], baseline: Baseline | 
         now = m.metrics.get(metric, MetricValue.null("not reported"))
         base = comparable.metrics.get(metric) if comparable else None
         result.checks.append(rules.evaluate(rule, now, base))
-    regressed = [c for c in result.checks if c.status == "regressed"]
-    improved = [c for c in result.checks if c.status == "improved"]
+    regressed = [c for c in result.checks if c.status == CheckStatus.REGRESSED]
+    improved = [c for c in result.checks if c.status == CheckStatus.IMPROVED]
     if regressed:
-        result.verdict = "regressed"
+        result.verdict = Verdict.REGRESSED
         after = f" {result.across}" if result.across else ""
         result.reason = " ".join(f"{c.metric} regressed: {c.message}{after}." for c in regressed)
     elif baseline is None:
-        result.verdict, result.reason = "new", "no baseline for this device class yet"
+        result.verdict, result.reason = Verdict.NEW, "no baseline for this device class yet"
     elif result.differences:
-        result.verdict = "incomparable"
+        result.verdict = Verdict.INCOMPARABLE
         result.reason = "baseline recorded under a different environment: " + "; ".join(result.differences)
     elif improved:
-        result.verdict = "improved"
+        result.verdict = Verdict.IMPROVED
         after = f" {result.across}" if result.across else ""
         result.reason = " ".join(f"{c.metric} improved: {c.message}{after}." for c in improved)
         result.reason += " Refresh the baseline."

@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     from .measure import measure
     from .measurement import Measurement
     from .metrics.collect import CollectorOptions
+    from .states import ErrorKind, ItemError
 
     try:
         cfg = config.load(args.rootdir)
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
                   else _rank_device(args.device, args.rank))  # a tensor-parallel rank: its own GPU
     except (UsageError, StackUnavailable) as e:
         m = Measurement(args.workload, args.stack, args.file, args.profile)
-        m.error = {"kind": "usage", "message": str(e)}
+        m.error = ItemError(ErrorKind.USAGE, str(e))
         _write(args.out, m)
         return 0
     options = CollectorOptions(python_heap=not args.no_python_heap, cpu_tensors=not args.no_cpu_tensors,

@@ -17,12 +17,13 @@ import jinja2
 from .. import units
 from ..floors import describe as describe_floors
 from ..metrics.catalog import METRICS
+from ..states import CheckStatus, Verdict
 from .engine_profile import describe as describe_engine_profile
 from .ranks import rank_columns
 
 MARKER = "<!-- memcheck-report -->"  # finds our comment again on the merge request
-ICONS = {"pass": "✅", "regressed": "❌", "error": "💥", "improved": "🎉", "new": "🆕", "incomparable": "⚠️",
-         "skipped": "⏭️"}
+ICONS = {Verdict.PASS: "✅", Verdict.REGRESSED: "❌", Verdict.ERROR: "💥", Verdict.IMPROVED: "🎉", Verdict.NEW: "🆕",
+         Verdict.INCOMPARABLE: "⚠️", Verdict.SKIPPED: "⏭️"}
 MEMORY_VIZ = "https://pytorch.org/memory_viz"
 # Ways to shorten a body over a platform's limit, tried in order: which items keep their metric tables
 # (<details>), how many of them at most, how many rows the verdict table keeps.
@@ -67,7 +68,7 @@ def split_checks(checks) -> tuple[list, list[tuple[str, list[str]]]]:
     runner has a dozen null gpu.* metrics: one line says so instead of a dozen rows)."""
     shown, missing = [], {}
     for c in checks:
-        if c.status == "not_measured":
+        if c.status == CheckStatus.NOT_MEASURED:
             reason = c.message.removeprefix("not measured here: ")
             missing.setdefault(reason, []).append(c.metric)
         else:
@@ -100,7 +101,7 @@ def render(report, artifact_url: str | None = None, limit: int | None = None, pl
     details, fewer rows) with a note that says so and links the full report."""
     template = environment().get_template("report.md.j2")
     url = safe_url(artifact_url)
-    ordered = sorted(report.items, key=lambda r: (not r.failed, r.verdict in ("pass", "skipped")))
+    ordered = sorted(report.items, key=lambda r: (not r.failed, r.verdict in (Verdict.PASS, Verdict.SKIPPED)))
     body = ""
     for level in SHORTER:
         details, max_details, max_rows = level

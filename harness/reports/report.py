@@ -19,10 +19,11 @@ from ..measurement import Measurement
 from ..metrics.value import MetricValue
 from .. import rules
 from ..rules import Check
+from ..states import CheckStatus, Verdict
 from ..verdict import ItemResult
 
 SCHEMA = "memcheck.report/1"
-ORDER = ("regressed", "error", "improved", "incomparable", "new", "pass", "skipped")
+ORDER = tuple(Verdict)  # worst first: the summary's order
 
 
 @dataclass
@@ -105,9 +106,6 @@ _MEASUREMENT_FIELDS = ("workload", "stack", "file", "profile", "scaled", "digest
                        "phases")
 
 
-CHECK_STATUSES = ("pass", "regressed", "improved", "new", "not_measured", "not_compared")
-
-
 def _number(value, what: str):
     """A report may come from untrusted code (a fork's CI run): every number must be a number."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -125,7 +123,7 @@ def _validate(data: dict) -> None:
     for name, value in (data.get("floors") or {}).items():
         _number(value, f"floor {str(name)[:40]!r}")
     for c in data.get("checks") or []:
-        if c.get("status") not in CHECK_STATUSES:
+        if c.get("status") not in tuple(CheckStatus):
             raise ValueError(f"unknown check status {str(c.get('status'))[:40]!r}")
         _number(c.get("value"), "a check's value")
         _number(c.get("baseline"), "a check's baseline")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .. import units
 from ..metrics.catalog import METRICS
+from ..states import Verdict
 
 # The columns a reviewer scans first; everything else is in the JSON and Markdown reports.
 COLUMNS = ("gpu.heap_alloc.peak", "cpu.heap_alloc.peak", "kv.bytes.peak", "kv.waste.peak", "host.rss.peak")
@@ -24,9 +25,9 @@ def table(report) -> list[str]:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for r in report.items:
-        if r.verdict not in ("pass", "new") or r.failed:
+        if r.verdict not in (Verdict.PASS, Verdict.NEW) or r.failed:
             lines.append(f"{r.id}: {r.verdict}: {r.reason}")
-        if r.compared_across and r.verdict != "regressed":  # a regression's reason names the bump already
+        if r.compared_across and r.verdict != Verdict.REGRESSED:  # a regression's reason names the bump already
             lines.append(f"{r.id}: {r.verdict}, compared across: {', '.join(r.compared_across)}")
         if r.updated:
             lines.append(f"{r.id}: baseline written to {r.baseline_path}: " + "; ".join(r.updated))
