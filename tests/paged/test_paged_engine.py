@@ -11,7 +11,7 @@ from harness.stacks.paged.config import EngineConfig
 from harness.stacks.paged.kv_pool import KVPool
 from harness.stacks.paged.runner import ModelRunner
 from harness.stacks.paged.scheduler import Scheduler
-from harness.stacks.paged.sequence import Request
+from harness.stacks.paged.request import Request
 from kernels import BlockManager
 from paged_helpers import make_workload, run_stack
 

@@ -11,7 +11,7 @@ One concept per file, nano-vllm style:
   vision.py     VisionEncoder: DeepSeek-VL's towers and aligner (the transformers modules) for image requests
   context.py    StepContext: the batch layout one forward pass reads
   kv_pool.py    KVPool: the cache allocation, per-layer views, page footprint
-  sequence.py   Request: a kernels.Sequence plus engine state
+  request.py    Request: a kernels.Sequence plus engine state
   scheduler.py  Scheduler: token budget, chunked prefill, admission, preemption by recompute
   runner.py     ModelRunner: packs a batch, runs the model, samples greedily
   graphs.py     DecodeGraphs: CUDA graphs of decode steps per batch-size bucket, pinned input buffer

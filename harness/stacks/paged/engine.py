@@ -16,7 +16,7 @@ from .kv_pool import KVPool
 from .meter import KVMeter
 from .runner import ModelRunner
 from .scheduler import Scheduler
-from .sequence import Request
+from .request import Request
 
 
 class Engine:

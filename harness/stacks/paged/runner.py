@@ -10,7 +10,7 @@ from kernels import BlockManager
 from .context import StepContext
 from .graphs import DecodeGraphs
 from .model import CausalLM
-from .sequence import Request
+from .request import Request
 
 
 class ModelRunner:

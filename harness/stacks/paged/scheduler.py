@@ -12,7 +12,7 @@ from collections import deque
 from kernels import BlockManager
 
 from .config import EngineConfig
-from .sequence import Request
+from .request import Request
 
 
 class Scheduler:
