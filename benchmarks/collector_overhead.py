@@ -29,7 +29,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from harness import config, environment, stacks, units, workload  # noqa: E402
+from harness import environment, stacks, units, workload  # noqa: E402
+from harness import project as config  # noqa: E402
 from harness.baselines import BaselineStore  # noqa: E402
 from harness.metrics.catalog import METRICS  # noqa: E402
 from harness.metrics.value import MetricValue  # noqa: E402
@@ -74,7 +75,7 @@ def collected(path: str, name: str, stack_name: str, device: str, profile: str) 
     events are the memory round's), in this (fresh) process, plus the CPU time of the run: on a shared machine
     it moves less than wall time when other work takes the cores."""
     from harness.devices import resolve_device
-    from harness.measure import measure
+    from harness.measure_round import measure
     from harness.metrics import collect
 
     started, finished, cpu = collect.Collectors.run_started, collect.Collectors.run_finished, {}

@@ -4,7 +4,7 @@ transformers, first-step logits against stock in bf16, and token equality on the
     PYTHONUNBUFFERED=1 python benchmarks/paged_h200.py [--out DIR]
     python benchmarks/paged_h200.py --dry-run      # CPU smoke test of this script (scaled-down model)
 
-1. Memory, through the harness (harness.measure.measure, collectors and all), full R1-Distill-Qwen-7B
+1. Memory, through the harness (harness.measure_round.measure, collectors and all), full R1-Distill-Qwen-7B
    preset in bf16, stacks hf and paged: batch 8 x (2048 prompt + 128 new), and one 32K-context request
    (32640 prompt + 128 new). Peak above weights = gpu.heap_alloc.peak - weights. Bars: paged within
    1.3x of (KV floor + its declared workspace), and at least 2.5x below hf.
@@ -43,9 +43,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "paged")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from harness import config, stacks, workload  # noqa: E402
+from harness import project as config  # noqa: E402
+from harness import stacks, workload  # noqa: E402
 from harness.devices import resolve_device  # noqa: E402
-from harness.measure import measure  # noqa: E402
+from harness.measure_round import measure  # noqa: E402
 from harness.metrics.collect import CollectorOptions  # noqa: E402
 
 GB = 1e9
@@ -119,7 +120,7 @@ def logits_agreement(wl, device) -> dict:
     from harness.stacks.paged.config import EngineConfig, ModelSpec
     from harness.stacks.paged.engine import Engine
     from harness.stacks.paged.model import CausalLM
-    from harness.stacks.paged.sequence import Request
+    from harness.stacks.paged.request import Request
 
     dtype = torch_dtype(wl, device)
     hf = build_hf_model(wl, device)
@@ -234,7 +235,7 @@ def decode_steps(preset, batches, prompt, device, bandwidth, dry_run) -> dict:
     from harness.stacks.paged.engine import Engine
     from harness.stacks.paged.model import CausalLM
     from harness.stacks.paged.moe import MoE
-    from harness.stacks.paged.sequence import Request
+    from harness.stacks.paged.request import Request
 
     steps = 4 if dry_run else 24
     with tempfile.TemporaryDirectory() as tmp:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import config as project_config
+from . import project as project_config
 from .baselines import Baseline
 from .errors import UsageError
 from .reports.report import Report

@@ -24,7 +24,7 @@ def _name(nodeid: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", nodeid.split("::", 1)[-1]).strip("-") or "block"
 
 
-class BlockMeter:
+class CodeBlockMeter:
     """`with memcheck():` measures the block; `.measurement` and `.result` hold what it found."""
 
     def __init__(self, request):
@@ -101,9 +101,9 @@ def _session_key():
 
 
 @pytest.fixture
-def memcheck(request) -> BlockMeter:
+def memcheck(request) -> CodeBlockMeter:
     """Measure a block: `with memcheck(thresholds={...}): ...`."""
-    return BlockMeter(request)
+    return CodeBlockMeter(request)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -111,6 +111,7 @@ def pytest_runtest_call(item):
     marker = item.get_closest_marker("memcheck")
     if marker is None or not item.config.getoption("memcheck"):
         return (yield)
-    meter = BlockMeter(item._request)(name=marker.kwargs.get("name"), thresholds=marker.kwargs.get("thresholds"))
+    meter = CodeBlockMeter(item._request)(name=marker.kwargs.get("name"),
+                                          thresholds=marker.kwargs.get("thresholds"))
     with meter:
         return (yield)

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-PRELOAD = ("torch", "transformers", "harness.worker", "harness.measure", "harness.stacks")
+PRELOAD = ("torch", "transformers", "harness.worker", "harness.measure_round", "harness.stacks")
 PRELOAD_ENV = "MEMCHECK_FORK_PRELOAD"  # extra modules, comma-separated: the stack's `fork_preload` (vllm)
 RESET_PEAK = "/proc/self/clear_refs"  # writing "5" resets VmHWM to the current RSS (Linux >= 4.0)
 

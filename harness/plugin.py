@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from . import config as project_config
+from . import project as project_config
 from . import options, stacks
 from .errors import UsageError
 from .fixture import memcheck, pytest_runtest_call  # noqa: F401 - registered through this plugin module

@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from . import forkserver, stacks, tensor_parallel
+from . import forkserver, rank_workers, stacks
 from .baselines import BaselineStore
 from .errors import StackUnavailable, UsageError
 from .measurement import Measurement
@@ -45,7 +45,7 @@ FORK_ENV = "MEMCHECK_FORK_SERVER"  # "0": a fresh interpreter per round, as --me
 CONTENDED = ("time.wall", "tokens_per_s", "ttft", "tpot")
 
 
-def measure_rounds(workload, stack: str, settings: Settings) -> Measurement:
+def measure_item(workload, stack: str, settings: Settings) -> Measurement:
     missing = _attention_missing(workload, stack, settings.device)
     if missing:  # skipped before any worker starts: a worker costs seconds of imports, on every CPU CI run
         m = Measurement.of_item(workload, stack)
@@ -139,8 +139,8 @@ def _worker_command(workload, stack: str, s: Settings, out: str, memory_round: b
 def _measure_in_worker(workload, stack: str, s: Settings, memory_round: bool = False) -> Measurement:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_source_root(), os.environ.get("PYTHONPATH")]))}
     command = lambda out: _worker_command(workload, stack, s, out, memory_round)  # noqa: E731
-    if workload.tensor_parallel > 1 and tensor_parallel.runs_ranks(stack):  # one worker per rank
-        return tensor_parallel.measure_ranks(workload, stack, command,
+    if workload.tensor_parallel > 1 and rank_workers.runs_ranks(stack):  # one worker per rank
+        return rank_workers.measure_ranks(workload, stack, command,
                                              env, s.timeout_s, lambda rc, err: _death(rc) + _tail(err))
     fd, out = tempfile.mkstemp(prefix="memcheck-", suffix=".json")
     os.close(fd)
@@ -277,7 +277,7 @@ def _tail(stderr, lines: int = 6) -> str:
 
 
 def run_item(workload, stack: str, settings: Settings, store: BaselineStore | None = None) -> ItemResult:
-    return judge_item(measure_rounds(workload, stack, settings), workload.thresholds, settings, store)
+    return judge_item(measure_item(workload, stack, settings), workload.thresholds, settings, store)
 
 
 def judge_item(m: Measurement, rule_set: dict, settings: Settings, store: BaselineStore | None = None) -> ItemResult:

@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-cpu-tensors", action="store_true")
     p.add_argument("--sample-period-ms", type=float, default=10.0)
     p.add_argument("--launched-at", type=float, default=None, help="time.time() when the runner started this round")
-    # tensor-parallel ranks (harness.tensor_parallel starts one worker per rank)
+    # tensor-parallel ranks (harness.rank_workers starts one worker per rank)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--master-port", type=int, default=0)
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     from . import config, stacks, workload
     from .errors import StackUnavailable, UsageError
     from .devices import resolve_device
-    from .measure import measure
+    from .measure_round import measure
     from .measurement import Measurement
     from .metrics.collect import CollectorOptions
     from .states import ErrorKind, ItemError
@@ -55,9 +55,9 @@ def main(argv=None) -> int:
     options = CollectorOptions(python_heap=not args.no_python_heap, cpu_tensors=not args.no_cpu_tensors,
                                sample_period_s=args.sample_period_ms / 1000)
     if args.world_size > 1:  # one rank of a tensor-parallel item
-        from . import tensor_parallel
+        from . import rank_workers
 
-        _write(args.out, tensor_parallel.measure_rank(wl, args.stack, device, options, args.rank, args.master_port))
+        _write(args.out, rank_workers.measure_rank(wl, args.stack, device, options, args.rank, args.master_port))
         return 0
     _write(args.out, measure(wl, args.stack, device, options, launched_at=args.launched_at))
     return 0

@@ -1,5 +1,6 @@
-"""Paged attention for memcheck's `paged` stack: a block manager and Triton kernels over a paged
-KV cache, each with a torch reference (kernels.reference).
+"""Paged attention for memcheck's `paged` stack: Triton kernels over a paged KV cache, each with a torch
+reference (kernels.reference). The block manager that hands out the blocks is the engine's
+(harness/stacks/paged/block_manager.py).
 
 Cache layouts: K and V [num_blocks, block_size, num_kv_heads, head_dim], one tensor each;
 MLA latent [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim].
@@ -9,11 +10,9 @@ under Triton's interpreter when TRITON_INTERPRET=1, and the torch reference othe
 Importing this package is cheap: torch and triton load on the first call.
 (No __version__ here: transformers probes a top-level `kernels`, Hugging Face's package name.)
 """
-from .block_manager import BlockManager
 from .dispatch import use_triton
-from .sequence import Sequence
 
-__all__ = ["BlockManager", "Sequence", "paged_decode", "paged_prefill", "mla_decode", "write_kv", "write_latent",
+__all__ = ["paged_decode", "paged_prefill", "mla_decode", "write_kv", "write_latent",
            "fused_moe", "rms_norm", "apply_rotary", "silu_mul_"]
 
 

@@ -1,6 +1,6 @@
 """Write new tokens' K/V (or MLA latent) into the paged cache at their slots, in Triton.
 
-A slot is block_id * block_size + offset (kernels.Sequence.slot_mapping); a slot < 0 marks a
+A slot is block_id * block_size + offset (Sequence.slot_mapping, harness/stacks/paged/sequence.py); a slot < 0 marks a
 padding token and is skipped. One program copies one token's row: all KV heads x head_dim of both
 K and V (one launch for the two caches; [num_kv_heads * head_dim] is contiguous in both the input
 and the cache), or the 576-wide latent for MLA.

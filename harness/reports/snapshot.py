@@ -75,7 +75,7 @@ def main(argv=None) -> int:
 
     from .. import config, stacks, workload
     from ..devices import resolve_device
-    from ..measure import measure
+    from ..measure_round import measure
     from ..metrics.collect import CollectorOptions
 
     if not torch.cuda.is_available():

@@ -15,7 +15,7 @@ from ..errors import StackUnavailable
 from ..metrics.value import MetricValue
 from . import hf_attention
 from .base import RunResult, Stack
-from .kv import CacheWatcher
+from .hf_kv import CacheWatcher
 from .timing import time_metrics
 
 
@@ -52,7 +52,7 @@ class HFStack(Stack):
     def weights_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
 
-    def run(self, probe) -> RunResult:
+    def run(self, collectors) -> RunResult:
         import torch
 
         from ..models import sequence_ids
@@ -61,7 +61,7 @@ class HFStack(Stack):
         prompts = sequence_ids(self.workload, self.vocab)
         order = list(range(len(requests)))
         outputs: list[list[int]] = [[] for _ in requests]
-        watcher = CacheWatcher(probe)
+        watcher = CacheWatcher(collectors)
         ttfts, tpots = [], []
         start = time.perf_counter()
         with torch.inference_mode():

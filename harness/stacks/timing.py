@@ -2,7 +2,7 @@
 
 A stack times its own requests (the harness cannot see inside a run) and hands the per-request times here,
 so the three metrics mean one thing on every stack. time.wall and time.warmup are the harness's
-(harness/measure.py); what the collectors cost is never inside these numbers.
+(harness/measure_round.py); what the collectors cost is never inside these numbers.
 """
 from __future__ import annotations
 

@@ -52,7 +52,6 @@ from pathlib import Path
 
 from ..devices import is_cuda
 from ..errors import StackUnavailable
-from ..metrics.value import MetricValue
 from .base import RunResult, Stack
 from .timing import time_metrics
 
@@ -227,7 +226,7 @@ class VLLMStack(Stack):
         return sum(sizes)
 
     # -- run ---------------------------------------------------------------------------------------
-    def run(self, probe) -> RunResult:
+    def run(self, collectors) -> RunResult:
         from vllm import SamplingParams
 
         from ..models import prompt_ids
@@ -236,7 +235,7 @@ class VLLMStack(Stack):
 
         requests = self.workload.request_list()
         prompts = prompt_ids(self.workload, self.engine.model_config.get_vocab_size())
-        kv = EngineKV(self.core, probe)
+        kv = EngineKV(self.core, collectors)
         kv.watch()
         pending = deque(range(len(requests)))
         outputs: list[list[int]] = [[] for _ in requests]

@@ -67,14 +67,14 @@ class LayerView:
 class EngineKV:
     """Observes one in-process vLLM EngineCore; `metrics()` gives the kv.* metrics of the run."""
 
-    def __init__(self, core, probe):
+    def __init__(self, core, collectors):
         import torch
 
         self.scheduler = core.scheduler
         self.max_concurrency = core.vllm_config.cache_config.kv_cache_max_concurrency
         self.manager = self.scheduler.kv_cache_manager
         self.pool = self.manager.block_pool
-        self.probe = probe
+        self.collectors = collectors
         config = self.scheduler.kv_cache_config
         self.num_blocks = self.pool.num_gpu_blocks
         runner = core.model_executor.driver_worker.worker.model_runner
@@ -139,7 +139,7 @@ class EngineKV:
         if pages:
             self.footprint = max(self.footprint, int(torch.unique(torch.cat(pages)).numel()))
         self.step_t.append(time.perf_counter())
-        self.probe.step(self.steps, **{"kv.bytes": held, "kv.live_bytes": live, "kv.blocks_used": used})
+        self.collectors.step(self.steps, **{"kv.bytes": held, "kv.live_bytes": live, "kv.blocks_used": used})
 
     def metrics(self) -> dict[str, MetricValue]:
         if not self.reserved:

@@ -17,7 +17,7 @@ _before = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
 try:
     import triton  # noqa: F401
-except ImportError:  # the block manager tests need no Triton
+except ImportError:  # the kernel tests skip
     HAVE_TRITON = False
 else:
     HAVE_TRITON = True

@@ -1,7 +1,7 @@
 """Shared by the paged-stack tests: scaled-down workloads of the three families and a probe."""
 import yaml
 
-from harness import config, stacks, workload
+from harness import project, stacks, workload
 
 # Tiny but complete: GQA with q/k/v bias (Qwen2); MLA without q LoRA + greedy softmax routing + 2 shared
 # experts (V2-Lite); MLA with q LoRA + noaux_tc sigmoid routing over groups + a dense first layer (V3).
@@ -33,7 +33,7 @@ def make_workload(directory, preset="r1-distill-qwen-7b", overrides=None, reques
            "requests": requests or MIXED, "stacks": list(stack_names), "engine": engine or ENGINE, **extra}
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return workload.load_file(str(path), None, stacks.names(), config.load(directory).thresholds)[0]
+    return workload.load_file(str(path), None, stacks.names(), project.load(directory).thresholds)[0]
 
 
 class Probe:

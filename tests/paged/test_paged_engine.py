@@ -7,12 +7,12 @@ import torch
 
 from harness.errors import StackUnavailable
 from harness.stacks.paged import PagedStack
+from harness.stacks.paged.block_manager import BlockManager
 from harness.stacks.paged.config import EngineConfig
 from harness.stacks.paged.kv_pool import KVPool
-from harness.stacks.paged.runner import ModelRunner
-from harness.stacks.paged.scheduler import Scheduler
+from harness.stacks.paged.model_runner import ModelRunner
 from harness.stacks.paged.request import Request
-from kernels import BlockManager
+from harness.stacks.paged.scheduler import Scheduler
 from paged_helpers import make_workload, run_stack
 
 torch.set_num_threads(min(2, torch.get_num_threads()))

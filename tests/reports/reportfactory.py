@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import config
+from harness import project
 from harness.baselines import Baseline
 from harness.measurement import Measurement
 from harness.metrics.catalog import METRICS, reported_by
@@ -24,7 +24,7 @@ CPU_ENV = {**GPU_ENV, "device_class": "cpu-x86_64", "gpu": None, "driver": None,
 
 
 def rules():
-    return config.load("/nonexistent-root").thresholds
+    return project.load("/nonexistent-root").thresholds
 
 
 def gpu_timeline(steps: int, weights: float, kv_per_step: float, transient: float, reserved_slack: float):

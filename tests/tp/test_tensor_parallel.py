@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from harness import config, stacks, workload
+from harness import project, stacks, workload
 from harness.errors import StackUnavailable
 from harness.measurement import Measurement
 from harness.metrics.value import MetricValue
@@ -16,8 +16,8 @@ from harness.reports import markdown
 from harness.reports.report import Report
 from harness.runner import Settings, run_item
 from harness.stacks.paged import PagedStack
-from harness.stacks.paged.parallel import outputs_digest
-from harness.tensor_parallel import FAULT_ENV, merge
+from harness.stacks.paged.tensor_parallel import outputs_digest
+from harness.rank_workers import FAULT_ENV, merge
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DENSE = dict(layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
@@ -35,7 +35,7 @@ def make(tmp_path, name, tp, preset="r1-distill-qwen-7b", arch=None, stack_names
            "stacks": list(stack_names), "engine": ENGINE, "tensor_parallel": tp}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return workload.load_file(str(path), None, stacks.names(), config.load(tmp_path).thresholds)[0]
+    return workload.load_file(str(path), None, stacks.names(), project.load(tmp_path).thresholds)[0]
 
 
 def settings(tmp_path):

@@ -10,7 +10,7 @@ import torch
 from harness import stacks, workload
 from harness.baselines import BaselineStore
 from harness.errors import UsageError
-from harness.measure import measure
+from harness.measure_round import measure
 from harness.runner import Settings, run_item
 from harness.stacks import hf_attention
 from harness.stacks.vllm import VLLMStack

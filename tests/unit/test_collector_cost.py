@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from harness import stacks
-from harness.measure import measure
+from harness.measure_round import measure
 from harness.metrics import torch_cpu
 from harness.metrics.collect import CollectorOptions, Collectors
 from harness.metrics.value import MetricValue

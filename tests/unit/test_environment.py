@@ -1,7 +1,7 @@
 """Which fingerprint fields make a baseline incomparable and which are compared across."""
 import pytest
 
-from harness import config, environment
+from harness import environment, project
 from harness.errors import UsageError
 
 BASE = {"device_class": "cpu-x86_64", "gpu": None, "profile": "ci", "workload": "abc", "torch": "2.12.0",
@@ -44,9 +44,9 @@ def test_fingerprint_has_flash_attn():
 def test_bad_strict_environment_is_one_line_naming_the_field(tmp_path, value, message):
     (tmp_path / "pyproject.toml").write_text(f"[tool.memcheck]\nstrict_environment = {value}\n")
     with pytest.raises(UsageError, match=message):
-        config.load(tmp_path)
+        project.load(tmp_path)
 
 
 def test_strict_environment_loads(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[tool.memcheck]\nstrict_environment = ["torch", "flash_attn"]\n')
-    assert config.load(tmp_path).strict_environment == ("torch", "flash_attn")
+    assert project.load(tmp_path).strict_environment == ("torch", "flash_attn")

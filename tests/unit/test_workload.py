@@ -2,7 +2,7 @@ import textwrap
 
 import pytest
 
-from harness import config, stacks, workload
+from harness import project, stacks, workload
 from harness.errors import UsageError
 
 EXAMPLE = """\
@@ -29,7 +29,7 @@ thresholds:
 def load(tmp_path, text, profile=None):
     path = tmp_path / "w.yaml"
     path.write_text(textwrap.dedent(text))
-    return workload.load_file(str(path), profile, stacks.names(), config.load(tmp_path).thresholds)
+    return workload.load_file(str(path), profile, stacks.names(), project.load(tmp_path).thresholds)
 
 
 def test_issue_example_is_accepted_verbatim(tmp_path):

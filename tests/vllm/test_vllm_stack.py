@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.measure import measure
+from harness.measure_round import measure
 from harness.runner import Settings, run_item
 from harness.stacks.vllm import vllm_importable, vllm_python
 from harness.workload import load_file

@@ -11,14 +11,16 @@ One concept per file, nano-vllm style:
   vision.py     VisionEncoder: DeepSeek-VL's towers and aligner (the transformers modules) for image requests
   context.py    StepContext: the batch layout one forward pass reads
   kv_pool.py    KVPool: the cache allocation, per-layer views, page footprint
-  request.py    Request: a kernels.Sequence plus engine state
+  sequence.py   Sequence: token ids and the block table that holds their K/V
+  block_manager.py  BlockManager: free list, reference counts, prefix sharing, copy-on-write fork, reclaim
+  request.py    Request: a Sequence plus engine state (progress, timestamps, images)
   scheduler.py  Scheduler: token budget, chunked prefill, admission, preemption by recompute
-  runner.py     ModelRunner: packs a batch, runs the model, samples greedily
+  model_runner.py  ModelRunner: packs a batch, runs the model, samples greedily
   graphs.py     DecodeGraphs: CUDA graphs of decode steps per batch-size bucket, pinned input buffer
-  meter.py      KVMeter: kv.* metrics after every step
+  meter.py      KVMeter: the paged stack's kv.* metrics, after every step
   workspace.py  the declared activation workspace
   engine.py     Engine: the arrival/schedule/run/finish loop
-  parallel.py   tensor parallelism: Megatron-style shards of the dense decoder, one process per rank
+  tensor_parallel.py  Megatron-style shards of the dense decoder, one process per rank (harness/rank_workers.py)
   stack.py      PagedStack: the harness interface
 """
 from .stack import PagedStack

@@ -8,15 +8,14 @@ from collections import deque
 
 import torch
 
-from kernels import BlockManager
-
+from .block_manager import BlockManager
 from .config import EngineConfig, ModelSpec
 from .graphs import DecodeGraphs
 from .kv_pool import KVPool
 from .meter import KVMeter
-from .runner import ModelRunner
-from .scheduler import Scheduler
+from .model_runner import ModelRunner
 from .request import Request
+from .scheduler import Scheduler
 
 
 class Engine:
@@ -46,7 +45,7 @@ class Engine:
         if self.runner.graphs is not None and not self.runner.graphs.captured:
             self.runner.graphs.capture()
 
-    def generate(self, requests, prompts, probe, image_tokens=None, image_sources=None):
+    def generate(self, requests, prompts, collectors, image_tokens=None, image_sources=None):
         """Serve every request (prompts: full token ids, image placeholders first); returns them (in
         workload order), the KV meter and the wall time."""
         image_tokens = image_tokens or [0] * len(requests)
@@ -54,7 +53,7 @@ class Engine:
         seqs = [Request(i, p, r.max_new_tokens, r.arrival_step, self.cfg.block_size, image_tokens[i], image_sources[i])
                 for i, (r, p) in enumerate(zip(requests, prompts))]
         pending = deque(sorted(seqs, key=lambda s: s.arrival_step))
-        meter = KVMeter(self.pool, self.blocks, probe)
+        meter = KVMeter(self.pool, self.blocks, collectors)
         start = time.perf_counter()
         step = 0
         while pending or self.scheduler.busy:

@@ -3,9 +3,8 @@ gives out), bytes holding computed tokens, waste at the reserved peak, blocks ne
 and the 2 MiB pages a decode step's KV reads touch."""
 from __future__ import annotations
 
-from kernels import BlockManager
-
 from ...metrics.value import MetricValue
+from .block_manager import BlockManager
 from .kv_pool import KVPool
 
 
@@ -28,8 +27,8 @@ class KVMeter:
     kept steps is the max over all steps (the same number the per-step computation gave, at a cost
     that no longer lands inside the timed steps)."""
 
-    def __init__(self, pool: KVPool, blocks: BlockManager, probe):
-        self.pool, self.blocks, self.probe = pool, blocks, probe
+    def __init__(self, pool: KVPool, blocks: BlockManager, collectors):
+        self.pool, self.blocks, self.collectors = pool, blocks, collectors
         self.reserved_peak = self.live_peak = 0
         self.waste_at_peak = 0.0
         self.decode_steps = 0
@@ -49,7 +48,7 @@ class KVMeter:
         self._last = decoded
         if decoded:
             self.decode_steps += 1
-        self.probe.step(step, **{"kv.bytes": reserved, "kv.live_bytes": live})
+        self.collectors.step(step, **{"kv.bytes": reserved, "kv.live_bytes": live})
 
     def page_footprint(self) -> int:
         return max(self.pool.page_footprint(reads) for reads in [*self._kept, self._last] if reads)

@@ -1,8 +1,8 @@
-"""One request as the engine tracks it: a kernels.Sequence (token ids and block table) plus how far
+"""One request as the engine tracks it: a Sequence (token ids and block table) plus how far
 its K/V has been computed, what it may still generate, and its timestamps."""
 from __future__ import annotations
 
-from kernels import Sequence
+from .sequence import Sequence
 
 
 class Request(Sequence):

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from kernels import BlockManager
-
+from .block_manager import BlockManager
 from .config import EngineConfig
 from .request import Request
 

@@ -6,14 +6,13 @@ import gc
 
 from ...devices import is_cuda
 from ...errors import StackUnavailable
-from ...metrics.value import MetricValue
 from ..base import RunResult, Stack
 from ..timing import time_metrics
 
 
 class PagedStack(Stack):
     name = "paged"
-    rank_processes = True  # at tensor_parallel > 1 the harness starts one worker per rank (parallel.py shards)
+    rank_processes = True  # one worker per rank at tensor_parallel > 1; tensor_parallel.py shards the model
 
     @classmethod
     def check(cls, workload, device) -> None:
@@ -23,12 +22,6 @@ class PagedStack(Stack):
             import kernels  # noqa: F401
         except ImportError as e:
             raise StackUnavailable(f"the paged stack needs transformers and kernels/ ({e})") from None
-        if any(r.images for r in workload.requests):
-            from ... import models
-
-            if not all(hasattr(models, f) for f in ("image_pixels", "sequence_ids")):
-                raise StackUnavailable("image requests need the harness's seeded image inputs "
-                                       "(harness.models.image_pixels / sequence_ids), absent from this checkout")
         from ...models import hf_config
         from .config import ModelSpec
 
@@ -42,8 +35,8 @@ class PagedStack(Stack):
         if window and getattr(config.get_text_config(), "use_sliding_window", True) and window < longest:
             raise StackUnavailable(f"the paged stack does not implement sliding-window attention "
                                    f"(sliding_window {window} < {longest} tokens of the longest request)")
-        if workload.tensor_parallel > 1:  # one process per rank (harness.tensor_parallel), dense decoders
-            from .parallel import check
+        if workload.tensor_parallel > 1:  # one process per rank (harness.rank_workers), dense decoders
+            from .tensor_parallel import check
 
             check(workload, spec, device)
         if is_cuda(device):
@@ -69,14 +62,14 @@ class PagedStack(Stack):
         self.cfg = EngineConfig.from_workload(self.workload, self.requests)
         self.model = CausalLM.from_hf(hf, self.spec, mla_score_elems(self.spec, self.cfg))
         if self.workload.tensor_parallel > 1:  # this rank's shard; the spec becomes the rank-local one
-            from .parallel import shard
+            from .tensor_parallel import shard
 
             hf = None  # (no images at tensor_parallel > 1) each full tensor goes as soon as its slice is cut
             self.spec = shard(self.model, self.spec)
         self.vision = None
         dtype_bytes = torch.empty(0, dtype=self.dtype).element_size()
         self.workspace = declare(self.spec, self.cfg, self.requests, dtype_bytes, self.device.type == "cuda",
-                                 getattr(self.workload, "image_tokens", 0))
+                                 self.workload.image_tokens)
         if any(r.images for r in self.requests):
             from .vision import VisionEncoder, tower_bytes
 
@@ -91,7 +84,7 @@ class PagedStack(Stack):
         self.model.fuse_projections()  # now that the transformers modules no longer hold the originals
         graph_sizes = None
         if self.workload.tensor_parallel == 1:  # (all-reduces are not captured)
-            per_image = getattr(self.workload, "image_tokens", 0)
+            per_image = self.workload.image_tokens
             graph_sizes = (min(self.cfg.max_num_seqs, len(self.requests)),
                            max(blocks_needed(r, self.cfg.block_size, per_image) for r in self.requests))
         self.engine = Engine(self.model, self.spec, self.cfg, self.dtype, self.device, self.vision, graph_sizes)
@@ -102,7 +95,7 @@ class PagedStack(Stack):
         captures them and the first prefill compiles. Nothing on the CPU."""
         from .config import input_tokens
 
-        per_image = getattr(self.workload, "image_tokens", 0)
+        per_image = self.workload.image_tokens
         longest = max(input_tokens(r, per_image) for r in self.requests)
         single = self.workload.tensor_parallel == 1  # (a rank's pass would all-reduce with the others')
         self.engine.warmup(min(self.cfg.max_num_batched_tokens, longest) if single else 0)
@@ -123,18 +116,19 @@ class PagedStack(Stack):
         graphs' memory pool once run() has counted it."""
         return self.workspace.total
 
-    def run(self, probe) -> RunResult:
+    def run(self, collectors) -> RunResult:
         if self.vision is None:
             from ...models import prompt_ids
 
-            seqs, meter, wall = self.engine.generate(self.requests, prompt_ids(self.workload, self.spec.vocab), probe)
+            seqs, meter, wall = self.engine.generate(self.requests, prompt_ids(self.workload, self.spec.vocab),
+                                                     collectors)
         else:  # image placeholders first, then the text (as the hf stack lays them out)
             from ...models import sequence_ids
             from .vision import image_sources
 
             per_image = self.workload.image_tokens
             seqs, meter, wall = self.engine.generate(
-                self.requests, sequence_ids(self.workload, self.spec.vocab), probe,
+                self.requests, sequence_ids(self.workload, self.spec.vocab), collectors,
                 [r.images * per_image for r in self.requests], image_sources(self.requests))
         outputs = [s.output for s in seqs]
         metrics = meter.metrics()
@@ -155,7 +149,7 @@ class PagedStack(Stack):
             + (graphs.describe() if graphs is not None and graphs.captured else "decode steps run eagerly"),
         ]
         if self.workload.tensor_parallel > 1:
-            from .parallel import outputs_note
+            from .tensor_parallel import outputs_note
 
             notes.append(outputs_note(outputs))
         if self.vision is not None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import BlockManager
-
+from .block_manager import BlockManager
 from .context import StepContext
 from .graphs import DecodeGraphs
 from .model import CausalLM

@@ -174,7 +174,7 @@ def measure_rank(workload, stack: str, device, options, rank: int, port: int) ->
     """One rank's round: the stack's check() first (every rank decides alike, so a skip joins no group), then
     join the group, measure with this process's collectors, leave."""
     from . import stacks
-    from .measure import measure
+    from .measure_round import measure
 
     try:
         stacks.load(stack).check(workload, device)

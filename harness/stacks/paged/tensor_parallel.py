@@ -1,5 +1,5 @@
 """Tensor parallelism for the paged stack: Megatron-style sharding of the dense decoder over the ranks of
-the default torch.distributed group (one process per rank, started by harness.tensor_parallel).
+the default torch.distributed group (one process per rank, started by harness.rank_workers).
 
   embed_tokens  vocab-parallel: each rank holds vocab/N rows, looks up its own ids, all-reduce (sum)
   q/k/v_proj    column-parallel: each rank holds heads/N query heads and kv_heads/N KV heads

@@ -72,7 +72,8 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
         m.metrics["time.warmup"] = warmup
     for name in ("kv.bytes.peak", "kv.live_bytes.peak", "kv.waste.peak", "kv.blocks_unreclaimed",
                  "kv.page_footprint", "tokens_per_s", "ttft", "tpot", "time.wall", "time.warmup"):
-        m.metrics.setdefault(name, MetricValue.null("the run failed" if m.error else f"the {stack_name} stack does not report it"))
+        why = "the run failed" if m.error else f"the {stack_name} stack does not report it"
+        m.metrics.setdefault(name, MetricValue.null(why))
     import torch
 
     from .models import torch_dtype

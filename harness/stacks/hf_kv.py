@@ -32,8 +32,8 @@ def pages_touched(tensors) -> int:
 class CacheWatcher:
     """A forward hook for generate(): tracks the cache after each step of each wave."""
 
-    def __init__(self, probe):
-        self.probe = probe
+    def __init__(self, collectors):
+        self.collectors = collectors
         self.steps = 0
         self.reserved_peak = self.live_peak = 0
         self.waste_at_peak = None
@@ -68,7 +68,7 @@ class CacheWatcher:
             self.reserved_peak, self.waste_at_peak = reserved, 1 - live / reserved
         self.live_peak = max(self.live_peak, live)
         self.footprint = max(self.footprint, pages_touched(tensors))
-        self.probe.step(self.steps, **{"kv.bytes": reserved, "kv.live_bytes": live})
+        self.collectors.step(self.steps, **{"kv.bytes": reserved, "kv.live_bytes": live})
 
     def metrics(self) -> dict[str, MetricValue]:
         if not self.reserved_peak:
