@@ -6,7 +6,7 @@ import time
 import traceback
 
 from . import environment, floors, stacks
-from .errors import StackUnavailable
+from .errors import StackUnavailable, UsageError
 from .measurement import Measurement
 from .metrics.collect import CollectorOptions, Collectors
 from .metrics.value import MetricValue
@@ -28,6 +28,9 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
             stack_cls.check_attention(attention, workload, device)
     except StackUnavailable as e:
         m.skipped = str(e)
+        return m
+    except UsageError as e:  # an entry point that names no Stack subclass
+        m.error = ItemError(ErrorKind.USAGE, str(e))
         return m
     finally:
         if launched_at is not None:

@@ -1,4 +1,7 @@
-"""Model presets: the published architectures (shared/reference/model_configs.md), as transformers configs.
+"""Model presets: the published architectures, as transformers configs. The values are those of each model's
+config.json on the Hugging Face Hub (deepseek-ai/DeepSeek-R1-Distill-Qwen-7B, deepseek-ai/deepseek-vl-7b-chat,
+deepseek-ai/DeepSeek-V2-Lite, deepseek-ai/DeepSeek-V2, deepseek-ai/DeepSeek-V3); DeepSeek-VL's 576 image tokens
+per image are deepseek_vl/models/processing_vlm.py's (github deepseek-ai/DeepSeek-VL).
 
 Weights are never downloaded: a stack builds the model from this config and fills it with seeded
 random weights. A workload may override any architecture field to scale the model down.

@@ -1,8 +1,5 @@
-"""From a measurement, its baseline and its rules to one verdict per item.
-
-pass | regressed | improved (beyond the band: refresh the baseline) | new (no baseline) |
-incomparable (baseline from another device class, GPU, profile or workload definition) | error (the
-workload failed) | skipped (the stack cannot run on this runner).
+"""From a measurement, its baseline and its rules to one verdict per item (the verdicts: harness/states.py).
+`runner.judge_item` wraps it with the baseline lookup and write, for workload items and code blocks alike.
 
 A baseline recorded under other software versions (torch, transformers, vLLM, ...) is judged as usual;
 `compared_across` names those versions and every report shows it beside the verdict.

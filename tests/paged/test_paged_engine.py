@@ -164,16 +164,6 @@ def test_workspace_is_declared_and_exposed(tmp_path):
         stack.close()
 
 
-def test_image_requests_without_seeded_images_are_unavailable(tmp_path, monkeypatch):
-    from harness import models
-
-    wl = make_workload(tmp_path, preset="deepseek-vl-7b", overrides={"layers": 1},
-                       requests=[{"prompt_tokens": 8, "max_new_tokens": 2, "images": 1}])
-    monkeypatch.delattr(models, "image_pixels", raising=False)
-    with pytest.raises(StackUnavailable, match="image requests need"):
-        PagedStack.check(wl, torch.device("cpu"))
-
-
 def test_cuda_graphs_setting(tmp_path):
     """engine.cuda_graphs (default on) and vLLM's enforce_eager turn the decode graphs off; a non-boolean is
     refused naming the field."""

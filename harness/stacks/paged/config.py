@@ -114,7 +114,7 @@ class EngineConfig:
 
     @classmethod
     def from_workload(cls, workload, requests) -> "EngineConfig":
-        per_image = getattr(workload, "image_tokens", 0)
+        per_image = workload.image_tokens
         e = workload.engine
         block_size = int(e.get("block_size", DEFAULT_BLOCK_SIZE))
         chunked = bool(e.get("chunked_prefill", True))

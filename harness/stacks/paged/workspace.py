@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 from .config import EngineConfig, ModelSpec, input_tokens
 
 MLA_SCORE_ELEMS_PER_TOKEN_HEAD = 256  # one MLA prefill score tile: budget x heads x this many (row, key) pairs
-DECODE_SPLITS_BOUND = 16  # partitions per (sequence, head) the decode kernels write partials for
+# Partial results declared per (sequence, head) for the decode kernels. The kernels no longer partition per
+# sequence: they split the work evenly over a one-wave grid (kernels/work_split.py) and write 2 partial slots
+# per program, up to multiprocessors x 32 programs (kernels/dispatch.resident_programs) whatever the sequence
+# count. On a GPU this term can fall short of that (H200, R1 7B: 132 x 32 x 2 slots x 7 heads x 129 x 4 B =
+# 30 MB, against 7.4 MB declared at 32 sequences); sizing it from the grid is open (issue 12).
+DECODE_SPLITS_BOUND = 16
 CUBLAS_WORKSPACE = 36 << 20  # cuBLAS (32 MiB on Hopper) + cuBLASLt workspaces, from the caching allocator
 
 
