@@ -81,7 +81,7 @@ class CodeBlockMeter:
             if metric.value is not None:
                 extra[f"memcheck.{name}"] = metric.value
         if self.result is not None:
-            extra["memcheck.verdict"] = self.result.verdict
+            extra["memcheck.verdict"] = self.result.verdict.value
 
     def _judge(self) -> None:
         session = self.request.config.stash.get(_session_key(), None)

@@ -198,7 +198,7 @@ class WorkloadItem(pytest.Item):
         for name, metric in sorted(self.result.measurement.metrics.items()):
             if metric.value is not None:
                 self.user_properties.append((f"memcheck.{name}", metric.value))
-        self.user_properties.append(("memcheck.verdict", self.result.verdict))
+        self.user_properties.append(("memcheck.verdict", self.result.verdict.value))  # plain str: xdist sends it
         if self.result.compared_across:  # a dependency bump the verdict was reached across
             self.user_properties.append(("memcheck.compared_across", "; ".join(self.result.compared_across)))
         if self.result.verdict == Verdict.SKIPPED:
