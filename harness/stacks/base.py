@@ -14,7 +14,7 @@ harness calls nothing that is not declared in this file.
     close()                            drop the model; the harness then collects garbage and stops measuring
 
 Class attributes: `name`, `attentions`, `fork_preload`, `rank_processes`. Helpers a stack uses to report the
-metrics every stack reports the same way: `time_metrics` (tokens_per_s, ttft, tpot; harness/stacks/timing.py)
+metrics every stack reports the same way: `time_metrics` (tokens_per_s, ttft, tpot; harness/stacks/time_metrics.py)
 and `distinct_pages` (kv.page_footprint; harness/stacks/pages.py). Device checks: `harness.devices.is_cuda`.
 """
 from __future__ import annotations

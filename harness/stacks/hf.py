@@ -16,7 +16,7 @@ from ..metrics.value import MetricValue
 from . import hf_attention
 from .base import RunResult, Stack
 from .hf_kv import CacheWatcher
-from .timing import time_metrics
+from .time_metrics import time_metrics
 
 
 class HFStack(Stack):

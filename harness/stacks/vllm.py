@@ -53,7 +53,7 @@ from pathlib import Path
 from ..devices import is_cuda
 from ..errors import StackUnavailable
 from .base import RunResult, Stack
-from .timing import time_metrics
+from .time_metrics import time_metrics
 
 PYTHON_ENV = "MEMCHECK_VLLM_PYTHON"
 VENV = ".venv-vllm"

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "paged"))
 from paged_helpers import make_workload  # noqa: E402
 
 # kv.page_footprint depends on where malloc put the cache in each run (a page either way): its exactness is
-# tested on the same addresses in tests/paged/test_paged_meter.py.
+# tested on the same addresses in tests/paged/test_paged_kv_meter.py.
 KV = ("kv.bytes.peak", "kv.live_bytes.peak", "kv.waste.peak", "kv.blocks_unreclaimed")
 
 

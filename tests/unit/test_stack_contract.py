@@ -6,7 +6,7 @@ from harness import stacks
 from harness.devices import device_type, is_cuda
 from harness.errors import UsageError
 from harness.stacks.pages import PAGE_SHIFT, distinct_pages
-from harness.stacks.timing import time_metrics
+from harness.stacks.time_metrics import time_metrics
 
 
 def test_a_stack_must_implement_prepare_and_run_and_gets_every_other_hook_by_default():

@@ -17,7 +17,7 @@ One concept per file, nano-vllm style:
   scheduler.py  Scheduler: token budget, chunked prefill, admission, preemption by recompute
   model_runner.py  ModelRunner: packs a batch, runs the model, samples greedily
   graphs.py     DecodeGraphs: CUDA graphs of decode steps per batch-size bucket, pinned input buffer
-  meter.py      KVMeter: the paged stack's kv.* metrics, after every step
+  kv_meter.py   KVMeter: the paged stack's kv.* metrics, after every step
   workspace.py  the declared activation workspace
   engine.py     Engine: the arrival/schedule/run/finish loop
   tensor_parallel.py  Megatron-style shards of the dense decoder, one process per rank (harness/rank_workers.py)

@@ -12,7 +12,7 @@ from .block_manager import BlockManager
 from .config import EngineConfig, ModelSpec
 from .graphs import DecodeGraphs
 from .kv_pool import KVPool
-from .meter import KVMeter
+from .kv_meter import KVMeter
 from .model_runner import ModelRunner
 from .request import Request
 from .scheduler import Scheduler

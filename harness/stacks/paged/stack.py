@@ -7,7 +7,7 @@ import gc
 from ...devices import is_cuda
 from ...errors import StackUnavailable
 from ..base import RunResult, Stack
-from ..timing import time_metrics
+from ..time_metrics import time_metrics
 
 
 class PagedStack(Stack):
