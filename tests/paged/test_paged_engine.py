@@ -5,7 +5,6 @@ import types
 import pytest
 import torch
 
-from harness.errors import StackUnavailable
 from harness.stacks.paged import PagedStack
 from harness.stacks.paged.block_manager import BlockManager
 from harness.stacks.paged.config import EngineConfig
