@@ -57,7 +57,7 @@ class PagedStack(Stack):
         from .config import EngineConfig, ModelSpec, blocks_needed
         from .engine import Engine
         from .model import CausalLM
-        from .workspace import declare, mla_score_elems
+        from .workspace import declare
 
         self.device = torch.device(self.device)
         self.dtype = torch_dtype(self.workload, self.device)
@@ -65,7 +65,7 @@ class PagedStack(Stack):
         hf = build_hf_model(self.workload, self.device)
         self.spec = ModelSpec.from_hf(hf.config)
         self.cfg = EngineConfig.from_workload(self.workload, self.requests)
-        self.model = CausalLM.from_hf(hf, self.spec, mla_score_elems(self.spec, self.cfg))
+        self.model = CausalLM.from_hf(hf, self.spec)
         if self.workload.tensor_parallel > 1:  # this rank's shard; the spec becomes the rank-local one
             from .parallel import shard
 

@@ -3,7 +3,7 @@ beyond the weights and the KV pool, sized from the token budget (max_num_batched
 
 Counted per token at the widest point of a layer (the residual stream the caller still holds, plus
 the phase's live intermediates), times the budget; plus the logits of the sampled rows, the decode
-kernels' partial results, the MLA prefill's score tile and gathered prefix, on CUDA the cuBLAS
+kernels' partial results, on CUDA the cuBLAS
 workspace the torch allocator hands out (and, once captured, the decode CUDA graphs' memory pool, which
 the stack adds as measured at capture: graphs.py), and on the CPU the scratch of the torch reference kernels
 (one sequence's scores and gathered K/V, which the Triton kernels never materialise). The harness reports it beside the floors (weights, KV):
@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from .config import EngineConfig, ModelSpec, input_tokens
 
-MLA_SCORE_ELEMS_PER_TOKEN_HEAD = 256  # one MLA prefill score tile: budget x heads x this many (row, key) pairs
 DECODE_SPLITS_BOUND = 16  # partitions per (sequence, head) the decode kernels write partials for
 CUBLAS_WORKSPACE = 36 << 20  # cuBLAS (32 MiB on Hopper) + cuBLASLt workspaces, from the caching allocator
 
@@ -32,10 +31,6 @@ class Workspace:
         parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.parts.items() if v)
         return (f"declared activation workspace: {self.total} bytes ({self.total / 2**20:.1f} MiB) for a budget of "
                 f"{self.budget_tokens} tokens per forward pass: {parts}")
-
-
-def mla_score_elems(spec: ModelSpec, cfg: EngineConfig) -> int:
-    return cfg.max_num_batched_tokens * spec.heads * MLA_SCORE_ELEMS_PER_TOKEN_HEAD
 
 
 def per_token_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
@@ -73,9 +68,6 @@ def declare(spec: ModelSpec, cfg: EngineConfig, requests, dtype_bytes: int, on_c
     ws.parts["logits"] = seqs * (spec.vocab * (dtype_bytes + 4) + spec.hidden * dtype_bytes * 2)
     width = spec.kv_lora_rank if spec.mla else spec.head_dim
     ws.parts["decode partials"] = seqs * spec.heads * DECODE_SPLITS_BOUND * (width + 1) * 4
-    if spec.mla:
-        ws.parts["MLA prefill scores"] = mla_score_elems(spec, cfg) * 16
-        ws.parts["MLA prefill prefix"] = longest * spec.latent_width * dtype_bytes
     if on_cuda:
         ws.parts["cuBLAS workspace"] = CUBLAS_WORKSPACE
     else:  # the torch reference kernels materialise one sequence's scores and its gathered K/V (or latent)
