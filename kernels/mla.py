@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot
-from .work_split import combine_cut_units, locate, program_range, store_range_result, tile_line
+from .work_split import line_ranges, locate, merge_partials, program_range, store_range_result, tile_line
 
 fix_triton_interpreter()
 
@@ -84,7 +84,7 @@ def _mla_decode(
     pid = tl.program_id(0)
     head_block = pid % NUM_HEAD_BLOCKS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-    first, last = program_range(pid // NUM_HEAD_BLOCKS, num_programs // NUM_HEAD_BLOCKS, total)
+    first, last = program_range(pid // NUM_HEAD_BLOCKS, line_ranges(num_programs, NUM_HEAD_BLOCKS, total), total)
     rows = tl.arange(0, HEAD_BLOCK)
     rank_dims = tl.arange(0, RANK_PAD)
     rank_mask = rank_dims < RANK
@@ -236,10 +236,6 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     part_out = torch.empty(num_programs * 2 * head_block * rank, device=q_latent.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * head_block, device=q_latent.device, dtype=torch.float32)
     _mla_decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
-    combine_cut_units[(num_seqs, num_head_blocks)](
-        part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, UNITS=num_head_blocks, ROWS=head_block, ROWS_PAD=head_block,
-        HEAD_DIM=rank, HEAD_DIM_PAD=consts["RANK_PAD"],
-        BLOCK_N=block_n, SEQS_PAD=consts["SEQS_PAD"], num_warps=8,
-    )
+    merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=num_head_blocks,
+                   rows=head_block, head_dim=rank, block_n=block_n, seqs_pad=consts["SEQS_PAD"])
     return out

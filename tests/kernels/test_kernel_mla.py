@@ -45,6 +45,11 @@ def test_any_split_of_the_work_gives_the_same_answer(num_programs):
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
+def test_one_long_sequence_merged_from_many_partials():
+    case = make_case(4, 16, 16, [16 * 19 + 5])  # 20 tiles of 16 tokens on the CPU, one head block
+    assert_close(mla_decode(*case, out=poisoned(case[0]), num_programs=19), fp32_reference(*case))
+
+
 def test_deepseek_v2_lite_widths_bf16():
     case = make_case(2, 16, 16, [21, 7], rank=512, rope=64, dtype=torch.bfloat16)
     assert_close(mla_decode(*case, out=poisoned(case[0])), fp32_reference(*case))
