@@ -13,8 +13,8 @@ from .block_manager import BlockManager
 from .dispatch import use_triton
 from .sequence import Sequence
 
-__all__ = ["BlockManager", "Sequence", "paged_decode", "paged_prefill", "mla_decode", "mla_prefill", "write_kv", "write_latent",
-           "fused_moe", "rms_norm", "apply_rotary", "silu_mul_"]
+__all__ = ["BlockManager", "Sequence", "paged_decode", "paged_prefill", "mla_decode", "mla_prefill", "write_kv",
+           "write_latent", "fused_moe", "rms_norm", "apply_rotary", "silu_mul_"]
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale):

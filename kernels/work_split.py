@@ -4,9 +4,10 @@ A unit of work is one head group (a KV head, or a block of MLA heads); every uni
 line of tiles: sequence by sequence, BLOCK_N tokens at a time (T tiles). Each unit's line is cut
 into R even ranges, and program pid = j * UNITS + unit takes range j of its unit: every program
 reads the same number of bytes whatever the mix of lengths, so a grid of the programs the GPU
-holds at once ends together (no tail, no second wave). R is at most T (programs past it idle): a
-range never comes out empty, and a short batch is merged from as few partials as it has tiles. Programs side by side take the same range
-of different units, so they read the same blocks at the same time (all heads of a token row).
+holds at once ends together (no tail, no second wave). R is at most T (programs past it idle):
+a range never comes out empty, and a short batch is merged from as few partials as it has tiles.
+Programs side by side take the same range of different units, so they read the same blocks at the
+same time (all heads of a token row).
 A range crosses whole sequences and cuts at most two: its first and its last. A whole sequence's
 output is written directly; a cut one leaves a partial (output and log-sum-exp) in the program's
 slot 0 (its first sequence) or 1 (its last), which combine_cut_units merges.
