@@ -195,7 +195,9 @@ def _item(wl, stack: str, settings: Settings, store: BaselineStore, device_class
         cpu_on.append(out["cpu_s"])
         print(item, f"round {i + 1}: on wall {m.metrics['time.wall'].value:.3f} s, cpu {out['cpu_s']:.3f} s, "
                     f"{m.metrics['tokens_per_s'].value:.2f} tok/s; off wall {c['time.wall']:.3f} s, "
-                    f"cpu {c['cpu_s']:.3f} s, {c['tokens_per_s']:.2f} tok/s", flush=True)
+                    f"cpu {c['cpu_s']:.3f} s, {c['tokens_per_s']:.2f} tok/s; "
+                    f"gpu.device_used.peak {m.metrics['gpu.device_used.peak'].value}, "
+                    f"gpu.fragmentation.peak {m.metrics['gpu.fragmentation.peak'].value}", flush=True)
     start = time.perf_counter()
     if with_memory:
         memory_round(wl, stack, settings, on[0])

@@ -131,7 +131,7 @@ def logits_agreement(wl, device) -> dict:
     with torch.inference_mode():
         hf_logits = hf(input_ids=ids).logits[:, -1].float()
         cfg = EngineConfig.from_workload(wl, requests)
-        model = CausalLM.from_hf(hf, spec, 1 << 20)
+        model = CausalLM.from_hf(hf, spec)
         engine = Engine(model, spec, cfg, dtype, device)
         seqs = [Request(i, p, r.max_new_tokens, 0, cfg.block_size) for i, (r, p) in enumerate(zip(requests, prompts))]
         for s in seqs:
@@ -145,8 +145,10 @@ def logits_agreement(wl, device) -> dict:
         _, paged_logits = engine.runner.step(batch, return_logits=True)
         one_pass = torch.cuda.max_memory_allocated() - before if device.type == "cuda" else None
         from harness.stacks.paged.workspace import declare
+        from kernels.dispatch import sm_count
 
-        declared = declare(spec, cfg, requests, torch.empty(0, dtype=dtype).element_size(), device.type == "cuda")
+        declared = declare(spec, cfg, requests, torch.empty(0, dtype=dtype).element_size(),
+                           sm_count(device) if device.type == "cuda" else None)
         del engine, model
         reference = copy.deepcopy(hf).float()
         del hf
@@ -261,7 +263,7 @@ def decode_steps(preset, batches, prompt, device, bandwidth, dry_run) -> dict:
             rows[b] = {"hf_step_s": (timed[3] - timed[2]) / steps}
     requests = wl.request_list()
     cfg = EngineConfig.from_workload(wl, requests)
-    paged = CausalLM.from_hf(hf, spec, 1 << 20)
+    paged = CausalLM.from_hf(hf, spec)
     del hf
     gc.collect()
     paged.fuse_projections()
@@ -312,6 +314,8 @@ def decode_steps(preset, batches, prompt, device, bandwidth, dry_run) -> dict:
                 engine.scheduler.finish_step(batch, sampled, 0.0)
             step = sorted(times)[len(times) // 2]
             row[f"{mode}_step_s"] = step
+            if mode == "eager" and device.type == "cuda":
+                row["eager_kernels"] = kernel_profile(engine, device)
             if touched:  # eager steps only: the hooks do not run inside a graph replay
                 row["experts_touched_per_layer"] = sum(t.unique().numel() for t in touched) / len(touched)
         experts = row.get("experts_touched_per_layer", 0) * expert_bytes * len(moes)
@@ -338,6 +342,24 @@ def decode_steps(preset, batches, prompt, device, bandwidth, dry_run) -> dict:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
+
+
+def kernel_profile(engine, device) -> dict:
+    """One more eager decode step under the torch profiler: its GPU kernels by name (launches, time), the
+    twelve longest and the sum. The sum against the graph step says how much of the step is launch gaps."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    batch = engine.scheduler.schedule()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sampled = engine.runner.step(batch)
+        sync(device)
+    engine.scheduler.finish_step(batch, sampled, 0.0)
+    rows = [(e.key, e.count, getattr(e, "self_device_time_total", None) or e.self_cuda_time_total)
+            for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    rows.sort(key=lambda r: -r[2])
+    return {"kernel_us": round(sum(r[2] for r in rows), 1), "launches": sum(r[1] for r in rows),
+            "top": [[name[:70], count, round(us, 1)] for name, count, us in rows[:12]]}
 
 
 def moe_tiles(device) -> dict:

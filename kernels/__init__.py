@@ -12,7 +12,7 @@ Importing this package is cheap: torch and triton load on the first call.
 """
 from .dispatch import use_triton
 
-__all__ = ["paged_decode", "paged_prefill", "mla_decode", "write_kv", "write_latent",
+__all__ = ["paged_decode", "paged_prefill", "mla_decode", "mla_prefill", "write_kv", "write_latent",
            "fused_moe", "rms_norm", "apply_rotary", "silu_mul_"]
 
 
@@ -42,16 +42,32 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
     return impl(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale)
 
 
-def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale):
+def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, out=None):
     """Multi-head latent attention decode with absorbed projections. q_latent [num_seqs, num_heads,
     kv_lora_rank] (q_nope @ W_UK), q_pe [num_seqs, num_heads, qk_rope_head_dim], latent_cache
     [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]. Returns [num_seqs, num_heads,
-    kv_lora_rank] in latent space; the caller applies W_UV."""
+    kv_lora_rank] in latent space (into `out` where given); the caller applies W_UV."""
     if use_triton(q_latent):
         from .mla import mla_decode as impl
-    else:
-        from .reference import mla_decode as impl
-    return impl(q_latent, q_pe, latent_cache, block_table, seq_lens, scale)
+
+        return impl(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, out=out)
+    from .reference import mla_decode as impl
+
+    result = impl(q_latent, q_pe, latent_cache, block_table, seq_lens, scale)
+    return result if out is None else out.copy_(result)
+
+
+def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, scale, max_q_len=None, out=None):
+    """MLA prefill (absorbed, latent space) of packed new tokens over the paged latent cache:
+    out [T, H, R] (the caller applies W_UV)."""
+    if use_triton(q_latent):
+        from .mla import mla_prefill as impl
+
+        return impl(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, scale, max_q_len, out=out)
+    from .reference import mla_prefill as impl
+
+    result = impl(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, scale)
+    return result if out is None else out.copy_(result)
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping):

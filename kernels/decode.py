@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot
-from .work_split import combine_cut_units, locate, program_range, store_range_result, tile_line
+from .work_split import line_ranges, locate, merge_partials, program_range, store_range_result, tile_line
 
 fix_triton_interpreter()
 
@@ -76,7 +76,7 @@ def _decode(
     pid = tl.program_id(0)
     kv_head = pid % NUM_KV_HEADS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-    first, last = program_range(pid // NUM_KV_HEADS, num_programs // NUM_KV_HEADS, total)
+    first, last = program_range(pid // NUM_KV_HEADS, line_ranges(num_programs, NUM_KV_HEADS, total), total)
     rows = tl.arange(0, GROUP_PAD)
     row_mask = rows < GROUP
     dims = tl.arange(0, HEAD_DIM_PAD)
@@ -142,10 +142,6 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
     part_out = torch.empty(num_programs * 2 * group * head_dim, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * group, device=q.device, dtype=torch.float32)
     _decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
-    combine_cut_units[(num_seqs, num_kv_heads)](
-        part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
-        NUM_HEADS=num_q_heads, UNITS=num_kv_heads, ROWS=group, ROWS_PAD=max(2, next_pow2(group)),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=consts["HEAD_DIM_PAD"],
-        BLOCK_N=block_n, SEQS_PAD=consts["SEQS_PAD"], num_warps=1 if group * head_dim <= 2048 else 4,
-    )
+    merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_q_heads, units=num_kv_heads,
+                   rows=group, head_dim=head_dim, block_n=block_n, seqs_pad=consts["SEQS_PAD"])
     return out

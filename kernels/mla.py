@@ -1,11 +1,14 @@
-"""Multi-head latent attention (DeepSeek-V2/V3) decode over the paged latent cache, in Triton.
+"""Multi-head latent attention (DeepSeek-V2/V3) over the paged latent cache, in Triton: decode, and
+prefill (chunked too) of every sequence in one launch.
 
 Absorbed form: the caller folds W_UK into the query (q_latent = q_nope @ W_UK, kv_lora_rank wide),
 so every head attends straight over the cached latent: scores = q_latent.kv_c + q_pe.k_pe, and the
 output stays in latent space (softmax @ kv_c, kv_lora_rank wide) for the caller's W_UV. The cache
 has one shared 576-wide row per token (kv_c 512 then k_pe 64), read once for all the heads of a
 program: a block of HEAD_BLOCK heads, so the products run on the tensor cores. The work is split
-as in paged decode (kernels/work_split.py), head blocks taking the place of KV heads.
+as in paged decode (kernels/work_split.py), head blocks taking the place of KV heads. Prefill rows are
+(new token, head) pairs of one sequence, causal among the new tokens, full view of the cached prefix;
+the latent is read once per tile of rows, never gathered or decompressed into per-head K/V.
 """
 import torch
 import triton
@@ -13,7 +16,7 @@ import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot
-from .work_split import combine_cut_units, locate, program_range, store_range_result, tile_line
+from .work_split import line_ranges, locate, merge_partials, program_range, store_range_result, tile_line
 
 fix_triton_interpreter()
 
@@ -23,21 +26,26 @@ LOG2E = 1.4426950408889634
 PROBE_PROGRAMS = 1001
 # Tuned on the H200 (benchmarks/results/); maxnreg 168 fits 3 programs per multiprocessor, not 2.
 DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168}
+# Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
+# accumulator over 8 warps); untuned.
+PREFILL_CONFIG = {"rows": 32, "block_n": 32, "num_warps": 8, "num_stages": 2}
+CPU_PREFILL_TILES = {"rows": 16, "block_n": 16}  # the interpreter runs small tiles faster
 
 
 @triton.jit
-def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_block, stride_c_tok,
-                HEAD_BLOCK: tl.constexpr, RANK: tl.constexpr, RANK_PAD: tl.constexpr,
+def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_block, stride_c_tok, q_pos,
+                ROWS: tl.constexpr, RANK: tl.constexpr, RANK_PAD: tl.constexpr,
                 ROPE: tl.constexpr, ROPE_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Online softmax of a head block over latent tokens [start, end): (max, sum, unnormalized out)."""
+                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Online softmax of ROWS query rows over latent tokens [start, end): (max, sum, unnormalized out).
+    CAUSAL: row r sees tokens up to q_pos[r] only (prefill); decode passes q_pos unused."""
     rank_dims = tl.arange(0, RANK_PAD)
     rank_mask = rank_dims < RANK
     rope_dims = tl.arange(0, ROPE_PAD)
     rope_mask = rope_dims < ROPE
-    m = tl.full([HEAD_BLOCK], float("-inf"), tl.float32)
-    l = tl.zeros([HEAD_BLOCK], tl.float32)
-    acc = tl.zeros([HEAD_BLOCK, RANK_PAD], tl.float32)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, RANK_PAD], tl.float32)
     for t0 in range(start, end, BLOCK_N):
         toks = t0 + tl.arange(0, BLOCK_N)
         tok_mask = toks < end
@@ -48,6 +56,8 @@ def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_b
                        other=0.0)
         s = dot(q_lat, tl.trans(kv_c), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
         s = tl.where(tok_mask[None, :], s * qk_scale, float("-inf"))
+        if CAUSAL:  # every row sees token 0 in the first step, so m is finite from then on
+            s = tl.where(toks[None, :] <= q_pos[:, None], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -74,7 +84,7 @@ def _mla_decode(
     pid = tl.program_id(0)
     head_block = pid % NUM_HEAD_BLOCKS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-    first, last = program_range(pid // NUM_HEAD_BLOCKS, num_programs // NUM_HEAD_BLOCKS, total)
+    first, last = program_range(pid // NUM_HEAD_BLOCKS, line_ranges(num_programs, NUM_HEAD_BLOCKS, total), total)
     rows = tl.arange(0, HEAD_BLOCK)
     rank_dims = tl.arange(0, RANK_PAD)
     rank_mask = rank_dims < RANK
@@ -93,13 +103,94 @@ def _mla_decode(
                        mask=head_mask[:, None] & (rope_dims < ROPE)[None, :], other=0.0)
         m, l, acc = _mla_tokens(q_lat, q_pe, cache_ptr, block_table_ptr + seq * stride_bt_seq,
                                 t_first * BLOCK_N, tl.minimum(t_last * BLOCK_N, seq_len), qk_scale,
-                                stride_c_block, stride_c_tok, HEAD_BLOCK, RANK, RANK_PAD, ROPE, ROPE_PAD,
-                                BLOCK_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
+                                stride_c_block, stride_c_tok, 0, HEAD_BLOCK, RANK, RANK_PAD, ROPE, ROPE_PAD,
+                                BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION, UPCAST)
         store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, rank_dims, out_mask,
                            head_mask, rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first,
                            seg_end, last, HEAD_BLOCK, RANK)
         x = seg_end
 
+
+
+@triton.jit
+def _mla_prefill(
+    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr,
+    qk_scale,
+    stride_ql_tok, stride_ql_head, stride_qp_tok, stride_qp_head,
+    stride_c_block, stride_c_tok,
+    stride_bt_seq,
+    stride_o_tok, stride_o_head,
+    NUM_HEADS: tl.constexpr, HEAD_BLOCK: tl.constexpr, BLOCK_Q: tl.constexpr,
+    RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """BLOCK_Q new tokens of one sequence times HEAD_BLOCK heads: one latent tile serves all the rows."""
+    q_tile = tl.program_id(0)
+    head_block = tl.program_id(1)
+    seq = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    prefix = seq_len - q_len
+    rows = tl.arange(0, BLOCK_Q * HEAD_BLOCK)
+    tok = q_tile * BLOCK_Q + rows // HEAD_BLOCK  # index among the new tokens
+    heads = head_block * HEAD_BLOCK + rows % HEAD_BLOCK
+    row_mask = (tok < q_len) & (heads < NUM_HEADS)
+    rank_dims = tl.arange(0, RANK_PAD)
+    rope_dims = tl.arange(0, ROPE_PAD)
+    out_mask = row_mask[:, None] & (rank_dims < RANK)[None, :]
+    tok64 = (q_start + tok).to(tl.int64)
+    q_lat = tl.load(q_latent_ptr + tok64[:, None] * stride_ql_tok + heads[:, None] * stride_ql_head
+                    + rank_dims[None, :], mask=out_mask, other=0.0)
+    q_pe = tl.load(q_pe_ptr + tok64[:, None] * stride_qp_tok + heads[:, None] * stride_qp_head + rope_dims[None, :],
+                   mask=row_mask[:, None] & (rope_dims < ROPE)[None, :], other=0.0)
+    kv_end = tl.minimum(seq_len, prefix + (q_tile + 1) * BLOCK_Q)  # the tile's last token sees no further
+    m, l, acc = _mla_tokens(q_lat, q_pe, cache_ptr, block_table_ptr + seq * stride_bt_seq, 0, kv_end, qk_scale,
+                            stride_c_block, stride_c_tok, prefix + tok, BLOCK_Q * HEAD_BLOCK, RANK, RANK_PAD,
+                            ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION, UPCAST)
+    l = tl.where(l == 0.0, 1.0, l)
+    tl.store(out_ptr + tok64[:, None] * stride_o_tok + heads[:, None] * stride_o_head + rank_dims[None, :],
+             (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, scale, max_q_len=None, *,
+                out=None, config=None):
+    """Triton MLA prefill: q_latent [T, H, R] and q_pe [T, H, P] of every sequence's new tokens, packed
+    (sequence i owns rows cu_seqlens_q[i]:cu_seqlens_q[i+1]), their latent rows already in the cache.
+    out [T, H, R] in latent space. config (rows, block_n, num_warps, num_stages) overrides PREFILL_CONFIG."""
+    num_tokens, num_heads, rank = q_latent.shape
+    rope = q_pe.shape[-1]
+    _, block_size, width = latent_cache.shape
+    assert width == rank + rope, f"latent cache rows are {width} wide, queries {rank} + {rope}"
+    assert q_latent.stride(-1) == 1 and q_pe.stride(-1) == 1 and latent_cache.stride(-1) == 1
+    out = torch.empty_like(q_latent) if out is None else out
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    if max_q_len is None:
+        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    on_gpu = q_latent.device.type == "cuda"
+    cfg = {**PREFILL_CONFIG, **({} if on_gpu else CPU_PREFILL_TILES), **(config or {})}
+    head_block = min(16, max(1, next_pow2(num_heads)))  # the interpreter takes any power of two
+    if on_gpu:
+        head_block = max(16, head_block)  # the tensor cores' least row count
+    block_q = max(1, cfg["rows"] // head_block)
+    grid = (triton.cdiv(max_q_len, block_q), triton.cdiv(num_heads, head_block), num_seqs)
+    _mla_prefill[grid](
+        q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, out,
+        scale * LOG2E,
+        q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
+        latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0),
+        out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, HEAD_BLOCK=head_block, BLOCK_Q=block_q,
+        RANK=rank, RANK_PAD=max(16, next_pow2(rank)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
+        BLOCK_SIZE=block_size, BLOCK_N=cfg["block_n"],
+        DOT_PRECISION=dot_precision(q_latent.dtype), UPCAST=upcast_dots(latent_cache),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out
 
 def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
                num_programs=None):
@@ -145,10 +236,6 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     part_out = torch.empty(num_programs * 2 * head_block * rank, device=q_latent.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * head_block, device=q_latent.device, dtype=torch.float32)
     _mla_decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
-    combine_cut_units[(num_seqs, num_head_blocks)](
-        part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, UNITS=num_head_blocks, ROWS=head_block, ROWS_PAD=head_block,
-        HEAD_DIM=rank, HEAD_DIM_PAD=consts["RANK_PAD"],
-        BLOCK_N=block_n, SEQS_PAD=consts["SEQS_PAD"], num_warps=8,
-    )
+    merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=num_head_blocks,
+                   rows=head_block, head_dim=rank, block_n=block_n, seqs_pad=consts["SEQS_PAD"])
     return out

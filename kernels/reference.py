@@ -90,6 +90,16 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale) -> to
     return out
 
 
+def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, scale) -> torch.Tensor:
+    """Absorbed MLA over packed new tokens (see mla_decode): paged prefill with the latent as the one
+    shared K head (kv_c then k_pe) and kv_c as its V; out [T, H, R]."""
+    rank = q_latent.shape[-1]
+    latent = latent_cache[:, :, None]  # [blocks, block_size, 1, R + P]: one KV head for every query head
+    q = torch.cat((q_latent, q_pe), dim=-1)
+    # V is the whole latent row here (one cache for both); its last P columns of output are dropped.
+    return paged_prefill(q, latent, latent, block_table, cu_seqlens_q, seq_lens, scale)[..., :rank]
+
+
 def fused_moe(x, gate_up, down, weights, ids) -> torch.Tensor:
     """Routed experts: picks grouped by expert (one sort), each expert's rows through its gated MLP,
     weighted and added to their tokens. x [T, hidden]; gate_up [E, 2 x inter, hidden]; down [E, hidden,

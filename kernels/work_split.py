@@ -4,8 +4,10 @@ A unit of work is one head group (a KV head, or a block of MLA heads); every uni
 line of tiles: sequence by sequence, BLOCK_N tokens at a time (T tiles). Each unit's line is cut
 into R even ranges, and program pid = j * UNITS + unit takes range j of its unit: every program
 reads the same number of bytes whatever the mix of lengths, so a grid of the programs the GPU
-holds at once ends together (no tail, no second wave). Programs side by side take the same range
-of different units, so they read the same blocks at the same time (all heads of a token row).
+holds at once ends together (no tail, no second wave). R is at most T (programs past it idle):
+a range never comes out empty, and a short batch is merged from as few partials as it has tiles.
+Programs side by side take the same range of different units, so they read the same blocks at the
+same time (all heads of a token row).
 A range crosses whole sequences and cuts at most two: its first and its last. A whole sequence's
 output is written directly; a cut one leaves a partial (output and log-sum-exp) in the program's
 slot 0 (its first sequence) or 1 (its last), which combine_cut_units merges.
@@ -13,6 +15,11 @@ Every program sums seq_lens itself: no host sync.
 """
 import triton
 import triton.language as tl
+
+from .dispatch import next_pow2
+
+COMBINE_DIM_BLOCK = 64  # output columns per combine program: more programs, a small [J, rows, 64] tile
+COMBINE_J_BLOCK = 8  # partials merged per step
 
 
 @triton.jit
@@ -25,11 +32,17 @@ def tile_line(seq_lens_ptr, num_seqs, BLOCK_N: tl.constexpr, SEQS_PAD: tl.conste
 
 
 @triton.jit
+def line_ranges(num_programs, UNITS: tl.constexpr, total):
+    """R: the programs per unit, but no more than the line's T tiles (at least 1)."""
+    return tl.maximum(1, tl.minimum(num_programs // UNITS, total))
+
+
+@triton.jit
 def program_range(j, ranges, total):
-    """Range j of R on a line of T tiles: [j*T//R, (j+1)*T//R)."""
-    j = tl.cast(j, tl.int64)
+    """Range j of R on a line of T tiles: [j*T//R, (j+1)*T//R); empty for j >= R."""
+    j = tl.cast(tl.minimum(j, ranges), tl.int64)
     first = (j * total // ranges).to(tl.int32)
-    last = ((j + 1) * total // ranges).to(tl.int32)
+    last = (tl.minimum(j + 1, ranges) * total // ranges).to(tl.int32)
     return first, last
 
 
@@ -73,42 +86,61 @@ def combine_cut_units(
     part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_seqs, num_programs,
     stride_o_seq, stride_o_head,
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROWS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
+    J_BLOCK: tl.constexpr,
 ):
-    """Grid (sequence, unit). If range boundaries cut the sequence in this unit, merge the partials
-    of the programs holding it (slot 1 of the first, slot 0 of the others) into the output rows of
-    the unit's ROWS heads. Whole ones were written already; empty sequences get zeros here."""
+    """Grid (sequence, unit, DIM_BLOCK columns). If range boundaries cut the sequence in this unit,
+    merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
+    programs' partials per step, into the output rows of the unit's ROWS heads. Whole ones were
+    written already; empty sequences get zeros here."""
     seq = tl.program_id(0)
     unit = tl.program_id(1)
-    ranges = num_programs // UNITS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
+    ranges = line_ranges(num_programs, UNITS, total)
     n = tl.sum(tl.where(seqs == seq, tiles, 0), 0)
     rows = tl.arange(0, ROWS_PAD)
     heads = unit * ROWS + rows
     row_mask = (rows < ROWS) & (heads < NUM_HEADS)
-    dims = tl.arange(0, HEAD_DIM_PAD)
+    dims = tl.program_id(2) * DIM_BLOCK + tl.arange(0, DIM_BLOCK)
     mask = row_mask[:, None] & (dims < HEAD_DIM)[None, :]
     o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
     if n == 0:
-        tl.store(o_ptrs, tl.zeros([ROWS_PAD, HEAD_DIM_PAD], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(o_ptrs, tl.zeros([ROWS_PAD, DIM_BLOCK], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
     else:
         seq_end = tl.sum(tl.where(seqs == seq, ends, 0), 0)
         j_first = program_of(seq_end - n, ranges, total)
         j_last = program_of(seq_end - 1, ranges, total)
         if j_first != j_last:
-            at = ((j_first * UNITS + unit) * 2 + 1) * ROWS + rows
-            m = tl.load(part_lse_ptr + at, mask=row_mask, other=0.0)
-            acc = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :], mask=mask, other=0.0)
-            w = tl.full([ROWS_PAD], 1.0, tl.float32)
-            for j in range(j_first + 1, j_last + 1):
-                j_start, j_end = program_range(j, ranges, total)
-                at = ((j * UNITS + unit) * 2) * ROWS + rows
-                # an empty range (more programs than tiles) left nothing: weigh it 0
-                lse = tl.load(part_lse_ptr + at, mask=row_mask & (j_end > j_start), other=float("-inf"))
-                o = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :], mask=mask & (j_end > j_start),
-                            other=0.0)
-                m_new = tl.maximum(m, lse)
-                acc = acc * tl.exp2(m - m_new)[:, None] + o * tl.exp2(lse - m_new)[:, None]
-                w = w * tl.exp2(m - m_new) + tl.exp2(lse - m_new)
+            m = tl.full([ROWS_PAD], float("-inf"), tl.float32)
+            w = tl.zeros([ROWS_PAD], tl.float32)
+            acc = tl.zeros([ROWS_PAD, DIM_BLOCK], tl.float32)
+            for j0 in range(j_first, j_last + 1, J_BLOCK):
+                js = j0 + tl.arange(0, J_BLOCK)
+                slot = (js == j_first).to(tl.int32)  # the first program holds the sequence's start in slot 1
+                at = ((js * UNITS + unit) * 2 + slot)[:, None] * ROWS + rows[None, :]  # [J, rows]
+                held = (js <= j_last)[:, None] & row_mask[None, :]
+                lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
+                o = tl.load(part_out_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
+                            mask=held[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0)
+                m_new = tl.maximum(m, tl.max(lse, 0))
+                m_new = tl.where(row_mask, m_new, 0.0)  # padding rows: no -inf - -inf
+                alpha = tl.exp2(m - m_new)
+                p = tl.exp2(lse - m_new[None, :])  # [J, rows]
+                acc = acc * alpha[:, None] + tl.sum(o * p[:, :, None], 0)
+                w = w * alpha + tl.sum(p, 0)
                 m = m_new
+            w = tl.where(row_mask, w, 1.0)
             tl.store(o_ptrs, (acc / w[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
+                   seqs_pad):
+    """Launch combine_cut_units over every (sequence, unit, column block)."""
+    dim_block = min(COMBINE_DIM_BLOCK, max(16, next_pow2(head_dim)))
+    num_seqs = seq_lens.shape[0]
+    combine_cut_units[(num_seqs, units, triton.cdiv(head_dim, dim_block))](
+        part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROWS_PAD=max(2, next_pow2(rows)),
+        HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=COMBINE_J_BLOCK,
+        num_warps=4,
+    )

@@ -24,7 +24,9 @@ _SPECS = [
     MetricSpec("gpu.heap_alloc.end", "bytes", "bytes still held when the run ended (model still loaded), above what was held before it started"),
     MetricSpec("gpu.reserved.peak", "bytes", "peak bytes the torch allocator took from the driver"),
     MetricSpec("gpu.device_used.peak", "bytes", "peak device memory seen by the driver for this process and its children (NVML, sampled)"),
-    MetricSpec("gpu.fragmentation.peak", "ratio", "inactive split bytes / reserved bytes, at the sampled reserved peak"),
+    MetricSpec("gpu.fragmentation.peak", "ratio", "inactive split bytes / reserved bytes, at the highest reserved "
+               "bytes of the engine steps", revision=2,
+               revised="revision 1 sampled the allocator every 10 ms on a thread, which slowed Python-bound stacks"),
     MetricSpec("gpu.alloc_retries", "count", "allocator frees-and-retries (cudaMalloc failed, cache flushed, retried)"),
     MetricSpec("gpu.ooms", "count", "out-of-memory events raised by the allocator"),
     MetricSpec("cpu.heap_alloc.peak", "bytes", "peak bytes of live torch CPU tensors, weights included (profiler memory events)"),

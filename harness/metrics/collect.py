@@ -70,7 +70,7 @@ class Collectors:
         """Record one timeline point; stacks pass kv.bytes / kv.live_bytes they know."""
         point = {"t": round(time.perf_counter() - self._t0, 6), "step": step, **values}
         if self.sampler:
-            s = self.sampler.sample(step, driver=False)  # NVML only on the sampling thread
+            s = self.sampler.sample(step)  # the allocator's counters; NVML is polled by a process of its own
             point.update({"gpu.allocated": s["gpu.allocated"], "gpu.reserved": s["gpu.reserved"]})
         else:
             point["host.rss"] = self.resident()

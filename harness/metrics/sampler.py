@@ -1,14 +1,21 @@
-"""A background thread that samples device memory (NVML) and the torch allocator at a fixed period.
+"""GPU memory over a run: the driver's view (NVML) polled by a process of its own, and the torch
+allocator's counters at every engine step.
 
-NVML sees what torch cannot: the CUDA context, cuBLAS workspaces, memory of child processes
-(a vLLM engine). The samples also feed the memory-over-time timeline of the report.
+NVML sees what torch cannot: the CUDA context, cuBLAS workspaces, memory of child processes (a vLLM
+engine). It is polled outside the worker (nvml_poll.py) so that polling takes no GIL from the stack; the
+allocator's counters are read in the worker at each step the stack reports, which also feeds the
+memory-over-time timeline of the report.
 """
 from __future__ import annotations
 
-import threading
-import time
+import json
+import os
+import subprocess
+import sys
 
 from .value import MetricValue
+
+POLLER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvml_poll.py")
 
 
 class DeviceSampler:
@@ -17,93 +24,55 @@ class DeviceSampler:
 
         self.torch, self.device, self.period_s = torch, device, period_s
         self.samples: list[dict] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._nvml = self._handle = None
+        self._poller: subprocess.Popen | None = None
         self.nvml_error: str | None = None
-        self.per_process = True
-        self._open_nvml()
 
-    def _open_nvml(self) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            uuid = str(self.torch.cuda.get_device_properties(self.device).uuid)
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                if pynvml.nvmlDeviceGetUUID(handle).removeprefix("GPU-") == uuid.removeprefix("GPU-"):
-                    self._nvml, self._handle = pynvml, handle
-                    return
-            self.nvml_error = f"NVML lists no device with the UUID of torch device {self.device}"
-        except ImportError:
-            self.nvml_error = "nvidia-ml-py (pynvml) is not installed"
-        except Exception as e:  # NVMLError: driver missing, permission, ...
-            self.nvml_error = f"NVML unavailable: {e}"
-
-    def _pids(self) -> set[int]:
-        import psutil
-
-        me = psutil.Process()
-        return {me.pid} | {child.pid for child in me.children(recursive=True)}
-
-    def _device_used(self) -> int | None:
-        if self._nvml is None:
-            return None
-        pynvml = self._nvml
-        if self.per_process:
-            try:
-                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
-                pids = self._pids()
-                used = [p.usedGpuMemory for p in procs if p.pid in pids and p.usedGpuMemory is not None]
-                if used:
-                    return sum(used)
-            except pynvml.NVMLError:
-                pass
-            # The driver did not attribute memory to our pid (containers hide pids): use the device total.
-            self.per_process = False
-        return pynvml.nvmlDeviceGetMemoryInfo(self._handle).used
-
-    def sample(self, step: int | None = None, driver: bool = True) -> dict:
-        """One point of the torch allocator's counters; with `driver`, NVML's device use too. A stack's
-        step() takes the allocator's only: an NVML query (and the process scan behind it) costs
-        milliseconds, which the sampling thread pays off the timed path."""
+    def sample(self, step: int | None = None) -> dict:
+        """The torch allocator's counters now (a stack's step() calls this after each step)."""
         stats = self.torch.cuda.memory.memory_stats_as_nested_dict(self.device)  # no flattening: cheaper
         current = lambda key: stats.get(key, {}).get("all", {}).get("current", 0)  # noqa: E731 - {} before CUDA init
         point = {
-            "t": time.perf_counter(), "step": step,
+            "step": step,
             "gpu.allocated": current("allocated_bytes"),
             "gpu.reserved": current("reserved_bytes"),
             "gpu.inactive_split": current("inactive_split_bytes"),
-            "gpu.device_used": self._device_used() if driver else None,
         }
         self.samples.append(point)
         return point
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self.sample()
-
     def start(self) -> None:
         self.sample()
-        self._thread = threading.Thread(target=self._loop, name="memcheck-sampler", daemon=True)
-        self._thread.start()
+        uuid = str(self.torch.cuda.get_device_properties(self.device).uuid)
+        try:
+            self._poller = subprocess.Popen([sys.executable, POLLER, uuid, str(os.getpid()), str(self.period_s)],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self._poller.stdout.readline()  # "ready": its first poll is in, before the model is built
+        except OSError as e:
+            self._poller, self.nvml_error = None, f"the NVML poller did not start: {e}"
+
+    def _stop_poller(self) -> dict:
+        if self._poller is None:
+            return {"error": self.nvml_error}
+        try:
+            out, _ = self._poller.communicate(timeout=30)  # closing its stdin stops it after one last poll
+            return json.loads(out.strip().splitlines()[-1])
+        except (subprocess.TimeoutExpired, ValueError, IndexError) as e:
+            self._poller.kill()
+            return {"error": f"the NVML poller gave no result ({type(e).__name__})"}
 
     def stop(self) -> dict[str, MetricValue]:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
         self.sample()
-        period = f"sampled every {self.period_s * 1000:g} ms"
-        if self._nvml is None:
-            used = MetricValue.null(self.nvml_error or "NVML unavailable")
+        polled = self._stop_poller()
+        period = f"polled every {self.period_s * 1000:g} ms by a process of its own"
+        if polled.get("peak") is None:
+            used = MetricValue.null(polled.get("error") or "NVML reported nothing")
         else:
-            scope = "this process and its children" if self.per_process else "whole device (per-process use not reported)"
-            used = MetricValue(max(s["gpu.device_used"] for s in self.samples if s["gpu.device_used"] is not None),
-                               detail=f"NVML, {scope}, {period}")
+            scope = ("this process and its children" if polled["per_process"]
+                     else "whole device (per-process use not reported)")
+            used = MetricValue(polled["peak"], detail=f"NVML, {scope}, {period}")
         at_peak = max(self.samples, key=lambda s: s["gpu.reserved"])
         frag = at_peak["gpu.inactive_split"] / at_peak["gpu.reserved"] if at_peak["gpu.reserved"] else 0.0
         return {
             "gpu.device_used.peak": used,
-            "gpu.fragmentation.peak": MetricValue(frag, detail=f"at the sampled reserved peak, {period}"),
+            "gpu.fragmentation.peak": MetricValue(frag, detail="at the highest reserved bytes of the engine steps"),
         }

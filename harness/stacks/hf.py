@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from itertools import groupby
 
+from ..devices import is_cuda
 from ..errors import StackUnavailable
 from ..metrics.value import MetricValue
 from . import hf_attention
@@ -48,6 +49,17 @@ class HFStack(Stack):
                                                            if attention == "flash_attention_2" else ""))
         self.model = build_hf_model(self.workload, self.device, attn_implementation=implementation)
         self.vocab = self.model.config.get_text_config().vocab_size
+
+    def warmup(self) -> None:
+        """On CUDA, the whole workload once, untimed: stock generate() pays a one-time cost per new shape (every
+        decode step's cache length is a new attention shape), which made an R1 item's first run 3.6x slower than
+        its second on an H200 (benchmarks/results/collector_parts_2026-12-01_nvidia-h200.log). Its memory is the
+        timed run's (same workload). Nothing on the CPU, where a first run is no slower than the next."""
+        if self.has_warmup():
+            self.run(_Unobserved())
+
+    def has_warmup(self) -> bool:  # on CUDA only: time.warmup stays null on the CPU
+        return is_cuda(self.device)
 
     def weights_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
@@ -112,3 +124,10 @@ class HFStack(Stack):
 
     def close(self) -> None:
         self.model = None
+
+
+class _Unobserved:
+    """Stands in for the collectors in the warm-up run: its steps are not the measurement's."""
+
+    def step(self, step: int, **values) -> None:
+        pass

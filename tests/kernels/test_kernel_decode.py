@@ -62,6 +62,17 @@ def test_any_split_of_the_work_gives_the_same_answer(num_programs):
     assert torch.equal(out[1], torch.zeros_like(out[1]))  # nothing cached: zeros, not NaN
 
 
+def test_one_long_sequence_merged_from_more_partials_than_a_combine_step_takes():
+    """One sequence cut over 20 programs per KV head: the combine merges them in several steps of
+    work_split.COMBINE_J_BLOCK, and an idle program past the line's tiles changes nothing."""
+    from kernels.work_split import COMBINE_J_BLOCK
+
+    case = make_case(3, 8, 8, 2, lengths=[16 * 20 + 3])  # 21 tiles of 16 keys on the CPU
+    assert 20 > 2 * COMBINE_J_BLOCK
+    for num_programs in (2 * 20, 2 * 30):
+        assert_close(paged_decode(*case, out=poisoned(case[0]), num_programs=num_programs), fp32_reference(*case))
+
+
 @pytest.mark.parametrize("head_dim", [24, 64])
 def test_head_dims_that_need_masking_or_more_width(head_dim):
     case = make_case(head_dim, 16, 8, 2, head_dim=head_dim)

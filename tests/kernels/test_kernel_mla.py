@@ -8,7 +8,7 @@ pytest.importorskip("triton")
 import kernels  # noqa: E402
 from kernel_helpers import DTYPES, assert_close, poisoned, randn, scattered_block_table  # noqa: E402
 from kernels import reference  # noqa: E402
-from kernels.mla import mla_decode  # noqa: E402
+from kernels.mla import mla_decode, mla_prefill  # noqa: E402
 
 
 def make_case(seed, block_size, heads, lengths, rank=64, rope=16, dtype=torch.float32):
@@ -45,6 +45,11 @@ def test_any_split_of_the_work_gives_the_same_answer(num_programs):
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
+def test_one_long_sequence_merged_from_many_partials():
+    case = make_case(4, 16, 16, [16 * 19 + 5])  # 20 tiles of 16 tokens on the CPU, one head block
+    assert_close(mla_decode(*case, out=poisoned(case[0]), num_programs=19), fp32_reference(*case))
+
+
 def test_deepseek_v2_lite_widths_bf16():
     case = make_case(2, 16, 16, [21, 7], rank=512, rope=64, dtype=torch.bfloat16)
     assert_close(mla_decode(*case, out=poisoned(case[0])), fp32_reference(*case))
@@ -76,3 +81,50 @@ def test_public_entry_point(monkeypatch):
     assert_close(kernels.mla_decode(*case), ref)
     monkeypatch.delenv("TRITON_INTERPRET")
     assert_close(kernels.mla_decode(*case), ref)
+
+
+def make_prefill_case(seed, block_size, heads, q_lens, prefixes, rank=64, rope=16, dtype=torch.float32):
+    """Packed new tokens of several sequences, each after a cached prefix of its own."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [p + n for p, n in zip(prefixes, q_lens)]
+    table, num_blocks = scattered_block_table(lengths, block_size, gen)
+    cache = randn(gen, num_blocks, block_size, rank + rope, dtype=dtype)
+    total = sum(q_lens)
+    cu = torch.tensor([0] + [sum(q_lens[:i + 1]) for i in range(len(q_lens))], dtype=torch.int32)
+    return (randn(gen, total, heads, rank, dtype=dtype), randn(gen, total, heads, rope, dtype=dtype), cache, table,
+            cu, torch.tensor(lengths, dtype=torch.int32), (rank // 4 + rope) ** -0.5)
+
+
+def prefill_fp32_reference(q_latent, q_pe, cache, table, cu, seq_lens, scale):
+    return reference.mla_prefill(q_latent.float(), q_pe.float(), cache.float(), table, cu, seq_lens, scale)
+
+
+@pytest.mark.parametrize("heads", [4, 16, 20])
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_prefill_matches_reference_fp32(block_size, heads):
+    """Plain prefill (no prefix), chunked prefill (new tokens after a cached prefix) and a one-token
+    chunk, packed in one launch."""
+    case = make_prefill_case(block_size + heads, block_size, heads, [9, 5, 1], [0, 2 * block_size + 3, 11])
+    assert_close(mla_prefill(*case, out=poisoned(case[0])), prefill_fp32_reference(*case))
+
+
+def test_prefill_bf16_deepseek_v2_lite_widths():
+    case = make_prefill_case(5, 16, 16, [7, 3], [0, 20], rank=512, rope=64, dtype=torch.bfloat16)
+    assert_close(mla_prefill(*case, out=poisoned(case[0])), prefill_fp32_reference(*case))
+
+
+def test_prefill_rows_are_causal_and_equal_decode_one_token_at_a_time():
+    """The reference prefill of n new tokens equals n decode steps, each over the tokens up to its own."""
+    q_latent, q_pe, cache, table, cu, seq_lens, scale = make_prefill_case(7, 8, 4, [6], [10])
+    prefill = reference.mla_prefill(q_latent, q_pe, cache, table, cu, seq_lens, scale)
+    for i in range(6):
+        step = reference.mla_decode(q_latent[i:i + 1], q_pe[i:i + 1], cache, table, torch.tensor([11 + i]), scale)
+        torch.testing.assert_close(prefill[i], step[0], rtol=1e-5, atol=1e-6)  # both float32 inside
+
+
+def test_prefill_public_entry_point(monkeypatch):
+    case = make_prefill_case(9, 16, 16, [4, 6], [3, 0])
+    ref = prefill_fp32_reference(*case)
+    assert_close(kernels.mla_prefill(*case), ref)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert_close(kernels.mla_prefill(*case), ref)

@@ -48,3 +48,14 @@ def test_sort_picks_groups_by_expert():
     assert offsets.tolist() == [0, 2, 3, 4, 6, 6]  # expert 4: no picks
     assert ids.flatten()[order].tolist() == [0, 0, 1, 2, 3, 3]
     assert order.tolist() == [1, 2, 5, 3, 0, 4]  # stable: picks of one expert in token order
+
+
+@pytest.mark.parametrize("tokens,experts", [(70, 64), (9, 160), (700, 8)])
+def test_sort_picks_equals_a_stable_sort(tokens, experts):
+    """The one-program counting sort (several blocks of picks, padded expert counts; the last case past
+    ONE_PROGRAM_SORT_PICKS through torch's sort) against torch's stable sort."""
+    ids = torch.randint(0, experts, (tokens, 6), generator=torch.Generator().manual_seed(tokens))
+    order, offsets = moe.sort_picks(ids, experts)
+    want = ids.flatten().sort(stable=True)[1]
+    assert order.tolist() == want.tolist()
+    assert offsets.tolist() == torch.searchsorted(ids.flatten()[want], torch.arange(experts + 1)).tolist()

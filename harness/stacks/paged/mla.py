@@ -3,12 +3,10 @@
 
 Projections are absorbed: W_UK (from kv_b_proj) folds into the query, so attention runs in latent
 space straight over the cache, and W_UV maps the latent output back to per-head values. Decode rows
-go to kernels.mla_decode; prefill chunks attend per sequence (torch SDPA over the gathered latent
-prefix, query rows tiled so the score tile stays within the declared workspace)."""
+go to kernels.mla_decode, the prefill chunks of every sequence to kernels.mla_prefill (one launch)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import kernels
@@ -19,7 +17,7 @@ from .layers import RMSNorm, Rotary
 
 
 class MLAttention(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: Rotary, score_elems: int):
+    def __init__(self, spec: ModelSpec, rotary: Rotary):
         super().__init__()
         self.heads, self.rank, self.rope = spec.heads, spec.kv_lora_rank, spec.qk_rope_head_dim
         self.nope, self.v_dim = spec.qk_nope_head_dim, spec.v_head_dim
@@ -36,7 +34,6 @@ class MLAttention(nn.Module):
         self.o_proj = nn.Linear(spec.heads * self.v_dim, spec.hidden, bias=spec.o_bias)
         self.rotary = rotary
         self.scale = qk ** -0.5  # the loader sets the transformers module's (yarn mscale included)
-        self.score_elems = score_elems  # cap on one prefill score tile (query rows x keys)
         self.latent_cache = None  # [num_blocks, block_size, rank + rope], set by KVPool
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
@@ -54,29 +51,11 @@ class MLAttention(nn.Module):
         out = torch.empty_like(q_latent)
         nd = ctx.num_decode
         if nd:
-            out[:nd] = kernels.mla_decode(q_latent[:nd].contiguous(), q_pe[:nd].contiguous(), self.latent_cache,
-                                          ctx.decode_block_table, ctx.decode_seq_lens, self.scale)
+            kernels.mla_decode(q_latent[:nd], q_pe[:nd], self.latent_cache, ctx.decode_block_table,
+                               ctx.decode_seq_lens, self.scale, out=out[:nd])
         if nd < t:
-            self._prefill(q_latent[nd:], q_pe[nd:], out[nd:], ctx)
+            kernels.mla_prefill(q_latent[nd:], q_pe[nd:], self.latent_cache, ctx.prefill_block_table,
+                                ctx.cu_seqlens_q, ctx.prefill_seq_lens, self.scale, ctx.max_q_len, out=out[nd:])
         del q_latent, q_pe
         o = torch.bmm(out.transpose(0, 1), w[:, self.nope:].transpose(1, 2))  # [h, t, v]
         return self.o_proj(o.transpose(0, 1).reshape(t, h * self.v_dim))
-
-    def _prefill(self, q_latent, q_pe, out, ctx: StepContext) -> None:
-        """Each sequence's new rows sit at the end of its seq_len tokens: causal among themselves,
-        full view of the cached prefix. Rows are (token, head) pairs sharing one latent key/value."""
-        h, block_size = self.heads, self.latent_cache.shape[1]
-        start = 0
-        for i, (n, length) in enumerate(zip(ctx.prefill_q_lens_host, ctx.prefill_seq_lens_host)):
-            blocks = ctx.prefill_block_table[i, :-(-length // block_size)].long()
-            kv = self.latent_cache[blocks].flatten(0, 1)[:length][None, None]  # [1, 1, length, rank + rope]
-            q = torch.cat((q_latent[start:start + n], q_pe[start:start + n]), dim=-1)
-            keys = torch.arange(length, device=q.device)
-            tile = max(1, self.score_elems // (length * h))
-            for a in range(0, n, tile):
-                b = min(n, a + tile)
-                pos = torch.arange(length - n + a, length - n + b, device=q.device).repeat_interleave(h)
-                o = F.scaled_dot_product_attention(q[a:b].reshape(1, 1, (b - a) * h, -1), kv, kv[..., :self.rank],
-                                                   attn_mask=keys[None, :] <= pos[:, None], scale=self.scale)
-                out[start + a:start + b] = o.view(b - a, h, self.rank)
-            start += n

@@ -20,9 +20,9 @@ from .moe import MoE
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, i: int, rotary: Rotary, score_elems: int):
+    def __init__(self, spec: ModelSpec, i: int, rotary: Rotary):
         super().__init__()
-        self.self_attn = (MLAttention(spec, rotary, score_elems) if spec.mla
+        self.self_attn = (MLAttention(spec, rotary) if spec.mla
                           else Attention(spec, rotary, spec.qkv_bias))
         self.mlp = MoE(spec) if spec.is_moe_layer(i) else GatedMLP(spec.hidden, spec.intermediate, spec.mlp_bias)
         self.input_layernorm = RMSNorm(spec.hidden, spec.eps)
@@ -36,11 +36,11 @@ class DecoderLayer(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: Rotary, score_elems: int):
+    def __init__(self, spec: ModelSpec, rotary: Rotary):
         super().__init__()
         self.rotary = rotary
         self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
-        self.layers = nn.ModuleList(DecoderLayer(spec, i, rotary, score_elems) for i in range(spec.layers))
+        self.layers = nn.ModuleList(DecoderLayer(spec, i, rotary) for i in range(spec.layers))
         self.norm = RMSNorm(spec.hidden, spec.eps)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
@@ -54,10 +54,10 @@ class Decoder(nn.Module):
 
 
 class CausalLM(nn.Module):
-    def __init__(self, spec: ModelSpec, rotary: Rotary, score_elems: int):
+    def __init__(self, spec: ModelSpec, rotary: Rotary):
         super().__init__()
         self.spec = spec
-        self.model = Decoder(spec, rotary, score_elems)
+        self.model = Decoder(spec, rotary)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
@@ -83,13 +83,13 @@ class CausalLM(nn.Module):
         return F.linear(self.model.norm(hidden), self.lm_head.weight).float()
 
     @classmethod
-    def from_hf(cls, hf_model, spec: ModelSpec, score_elems: int) -> "CausalLM":
+    def from_hf(cls, hf_model, spec: ModelSpec) -> "CausalLM":
         """Take over the transformers model's parameters (same storage, no copy)."""
         language, prefix = _language_model(hf_model)
         rope = language.rotary_emb
         rotary = Rotary(rope.inv_freq, rope.attention_scaling, spec.rope_interleave)
         with torch.device("meta"):
-            model = cls(spec, rotary, score_elems)
+            model = cls(spec, rotary)
         state = {}
         for name, tensor in hf_model.state_dict(keep_vars=True).items():
             if name.startswith(prefix):

@@ -52,7 +52,9 @@ class PagedStack(Stack):
         from .config import EngineConfig, ModelSpec, blocks_needed
         from .engine import Engine
         from .model import CausalLM
-        from .workspace import declare, mla_score_elems
+        from kernels.dispatch import sm_count
+
+        from .workspace import declare
 
         self.device = torch.device(self.device)
         self.dtype = torch_dtype(self.workload, self.device)
@@ -60,7 +62,7 @@ class PagedStack(Stack):
         hf = build_hf_model(self.workload, self.device)
         self.spec = ModelSpec.from_hf(hf.config)
         self.cfg = EngineConfig.from_workload(self.workload, self.requests)
-        self.model = CausalLM.from_hf(hf, self.spec, mla_score_elems(self.spec, self.cfg))
+        self.model = CausalLM.from_hf(hf, self.spec)
         if self.workload.tensor_parallel > 1:  # this rank's shard; the spec becomes the rank-local one
             from .tensor_parallel import shard
 
@@ -68,7 +70,8 @@ class PagedStack(Stack):
             self.spec = shard(self.model, self.spec)
         self.vision = None
         dtype_bytes = torch.empty(0, dtype=self.dtype).element_size()
-        self.workspace = declare(self.spec, self.cfg, self.requests, dtype_bytes, self.device.type == "cuda",
+        multiprocessors = sm_count(self.device) if is_cuda(self.device) else None
+        self.workspace = declare(self.spec, self.cfg, self.requests, dtype_bytes, multiprocessors,
                                  self.workload.image_tokens)
         if any(r.images for r in self.requests):
             from .vision import VisionEncoder, tower_bytes

@@ -2,25 +2,23 @@
 beyond the weights and the KV pool, sized from the token budget (max_num_batched_tokens).
 
 Counted per token at the widest point of a layer (the residual stream the caller still holds, plus
-the phase's live intermediates), times the budget; plus the logits of the sampled rows, the decode
-kernels' partial results, the MLA prefill's score tile and gathered prefix, on CUDA the cuBLAS
-workspace the torch allocator hands out (and, once captured, the decode CUDA graphs' memory pool, which
-the stack adds as measured at capture: graphs.py), and on the CPU the scratch of the torch reference kernels
-(one sequence's scores and gathered K/V, which the Triton kernels never materialise). The harness reports it beside the floors (weights, KV):
-a stack whose peak above the weights exceeds KV + workspace by much has a transient nobody declared."""
+the phase's live intermediates), times the budget; plus the logits of the sampled rows; on CUDA the decode
+kernels' partial results and the cuBLAS workspace the torch allocator hands out (and, once captured, the decode
+CUDA graphs' memory pool, which the stack adds as measured at capture: graphs.py); on the CPU the scratch of
+the torch reference kernels (one sequence's scores and gathered K/V, which the Triton kernels never
+materialise). The harness reports it beside the floors (weights, KV): a stack whose peak above the weights
+exceeds KV + workspace by much has a transient nobody declared."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from .config import EngineConfig, ModelSpec, input_tokens
 
-MLA_SCORE_ELEMS_PER_TOKEN_HEAD = 256  # one MLA prefill score tile: budget x heads x this many (row, key) pairs
-# Partial results declared per (sequence, head) for the decode kernels. The kernels no longer partition per
-# sequence: they split the work evenly over a one-wave grid (kernels/work_split.py) and write 2 partial slots
-# per program, up to multiprocessors x 32 programs (kernels/dispatch.resident_programs) whatever the sequence
-# count. On a GPU this term can fall short of that (H200, R1 7B: 132 x 32 x 2 slots x 7 heads x 129 x 4 B =
-# 30 MB, against 7.4 MB declared at 32 sequences); sizing it from the grid is open (issue 12).
-DECODE_SPLITS_BOUND = 16
+# The decode kernels split their work over a one-wave grid (kernels/work_split.py): at most multiprocessors x
+# RESIDENT_PER_SM programs (kernels/dispatch.resident_programs caps it there), each with 2 partial slots of its
+# rows (a KV head's query group, or a block of 16 MLA heads) x (width + 1) float32, whatever the batch.
+RESIDENT_PER_SM = 32
+MLA_HEAD_BLOCK = 16
 CUBLAS_WORKSPACE = 36 << 20  # cuBLAS (32 MiB on Hopper) + cuBLASLt workspaces, from the caching allocator
 
 
@@ -37,10 +35,6 @@ class Workspace:
         parts = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in self.parts.items() if v)
         return (f"declared activation workspace: {self.total} bytes ({self.total / 2**20:.1f} MiB) for a budget of "
                 f"{self.budget_tokens} tokens per forward pass: {parts}")
-
-
-def mla_score_elems(spec: ModelSpec, cfg: EngineConfig) -> int:
-    return cfg.max_num_batched_tokens * spec.heads * MLA_SCORE_ELEMS_PER_TOKEN_HEAD
 
 
 def per_token_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
@@ -67,8 +61,9 @@ def per_token_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
     return residual + max(norm, attn, mlp)
 
 
-def declare(spec: ModelSpec, cfg: EngineConfig, requests, dtype_bytes: int, on_cuda: bool,
+def declare(spec: ModelSpec, cfg: EngineConfig, requests, dtype_bytes: int, multiprocessors: int | None,
             image_tokens: int = 0) -> Workspace:
+    """multiprocessors: the GPU's (None on the CPU, where the torch reference kernels run)."""
     budget = cfg.max_num_batched_tokens
     inputs = [input_tokens(r, image_tokens) for r in requests]
     longest = max(n + r.max_new_tokens for n, r in zip(inputs, requests))
@@ -76,12 +71,10 @@ def declare(spec: ModelSpec, cfg: EngineConfig, requests, dtype_bytes: int, on_c
     ws = Workspace(budget)
     ws.parts["layer activations"] = budget * per_token_bytes(spec, dtype_bytes)
     ws.parts["logits"] = seqs * (spec.vocab * (dtype_bytes + 4) + spec.hidden * dtype_bytes * 2)
-    width = spec.kv_lora_rank if spec.mla else spec.head_dim
-    ws.parts["decode partials"] = seqs * spec.heads * DECODE_SPLITS_BOUND * (width + 1) * 4
-    if spec.mla:
-        ws.parts["MLA prefill scores"] = mla_score_elems(spec, cfg) * 16
-        ws.parts["MLA prefill prefix"] = longest * spec.latent_width * dtype_bytes
-    if on_cuda:
+    if multiprocessors:
+        width = spec.kv_lora_rank if spec.mla else spec.head_dim
+        rows = MLA_HEAD_BLOCK if spec.mla else spec.heads // spec.kv_heads
+        ws.parts["decode partials"] = multiprocessors * RESIDENT_PER_SM * 2 * rows * (width + 1) * 4
         ws.parts["cuBLAS workspace"] = CUBLAS_WORKSPACE
     else:  # the torch reference kernels materialise one sequence's scores and its gathered K/V (or latent)
         chunk = min(budget, max(inputs))
