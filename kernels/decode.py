@@ -26,17 +26,18 @@ DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3}
 
 
 @triton.jit
-def _attend_tokens(q, k_ptr, v_ptr, bt_row, kv_head, start, end, qk_scale,
-                   stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok, stride_v_head,
-                   GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                   BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr):
-    """Online softmax of q's rows over tokens [start, end) of one KV head: (max, sum, unnormalized out)."""
+def attend_tokens(q, k_ptr, v_ptr, bt_row, kv_head, start, end, qk_scale,
+                   stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok, stride_v_head, q_pos,
+                   ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Online softmax of q's ROWS rows over tokens [start, end) of one KV head: (max, sum, unnormalized out).
+    CAUSAL: row r sees tokens up to q_pos[r] only (prefill, kernels/prefill.py); decode passes q_pos unused."""
     dims = tl.arange(0, HEAD_DIM_PAD)
     dim_mask = dims < HEAD_DIM
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
     for t0 in range(start, end, BLOCK_N):
         toks = t0 + tl.arange(0, BLOCK_N)
         tok_mask = toks < end
@@ -47,6 +48,8 @@ def _attend_tokens(q, k_ptr, v_ptr, bt_row, kv_head, start, end, qk_scale,
         k = tl.load(k_ptr + k_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST) * qk_scale  # log2 units
         s = tl.where(tok_mask[None, :], s, float("-inf"))
+        if CAUSAL:  # every row sees token 0 in the first step, so m is finite from then on
+            s = tl.where(toks[None, :] <= q_pos[:, None], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -89,11 +92,12 @@ def _decode(
         heads = kv_head * GROUP + rows
         q = tl.load(q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :],
                     mask=out_mask, other=0.0)
-        m, l, acc = _attend_tokens(q, k_ptr, v_ptr, block_table_ptr + seq * stride_bt_seq, kv_head,
+        m, l, acc = attend_tokens(q, k_ptr, v_ptr, block_table_ptr + seq * stride_bt_seq, kv_head,
                                    t_first * BLOCK_N, tl.minimum(t_last * BLOCK_N, seq_len), qk_scale,
                                    stride_k_block, stride_k_tok, stride_k_head,
-                                   stride_v_block, stride_v_tok, stride_v_head,
-                                   GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
+                                   stride_v_block, stride_v_tok, stride_v_head, 0,
+                                   GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION,
+                                   UPCAST)
         store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, dims, out_mask, row_mask,
                            rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first, seg_end,
                            last, GROUP, HEAD_DIM)

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, upcast_dots
-from .dot import dot
+from .decode import attend_tokens
 
 fix_triton_interpreter()
 
@@ -57,30 +57,11 @@ def _prefill(
     q = tl.load(q_ptr + q_off, mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
     q_pos = prefix + tok  # position in the sequence: sees keys 0..q_pos
 
-    m = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)
-    acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_DIM_PAD], tl.float32)
     kv_end = tl.minimum(seq_len, prefix + (q_tile + 1) * BLOCK_Q)  # the tile's last query sees no further
-    bt_row = block_table_ptr + seq * stride_bt_seq
-    for t0 in range(0, kv_end, BLOCK_N):
-        toks = t0 + tl.arange(0, BLOCK_N)
-        tok_mask = toks < kv_end
-        blocks = tl.load(bt_row + toks // BLOCK_SIZE, mask=tok_mask, other=0).to(tl.int64)
-        slot_in_block = toks % BLOCK_SIZE
-        kv_mask = tok_mask[:, None] & dim_mask[None, :]
-        k_rows = blocks * stride_k_block + slot_in_block * stride_k_tok + kv_head * stride_k_head
-        k = tl.load(k_ptr + k_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST) * qk_scale
-        s = tl.where(tok_mask[None, :] & (toks[None, :] <= q_pos[:, None]), s, float("-inf"))
-        # Every row sees key 0 in the first step, so m is finite from then on.
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
-        v_rows = blocks * stride_v_block + slot_in_block * stride_v_tok + kv_head * stride_v_head
-        v = tl.load(v_ptr + v_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
-        m = m_new
+    m, l, acc = attend_tokens(q, k_ptr, v_ptr, block_table_ptr + seq * stride_bt_seq, kv_head, 0, kv_end, qk_scale,
+                               stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
+                               stride_v_head, q_pos, BLOCK_Q * GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N,
+                               True, DOT_PRECISION, UPCAST)
 
     l = tl.where(l == 0.0, 1.0, l)
     o_off = (q_start + tok).to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head + dims[None, :]
