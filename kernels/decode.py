@@ -93,11 +93,10 @@ def _decode(
         q = tl.load(q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :],
                     mask=out_mask, other=0.0)
         m, l, acc = attend_tokens(q, k_ptr, v_ptr, block_table_ptr + seq * stride_bt_seq, kv_head,
-                                   t_first * BLOCK_N, tl.minimum(t_last * BLOCK_N, seq_len), qk_scale,
-                                   stride_k_block, stride_k_tok, stride_k_head,
-                                   stride_v_block, stride_v_tok, stride_v_head, 0,
-                                   GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION,
-                                   UPCAST)
+                                  t_first * BLOCK_N, tl.minimum(t_last * BLOCK_N, seq_len), qk_scale,
+                                  stride_k_block, stride_k_tok, stride_k_head,
+                                  stride_v_block, stride_v_tok, stride_v_head, 0,
+                                  GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION, UPCAST)
         store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, dims, out_mask, row_mask,
                            rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first, seg_end,
                            last, GROUP, HEAD_DIM)

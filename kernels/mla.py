@@ -16,6 +16,7 @@ import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot
+from .prefill import prefill_rows
 from .work_split import line_ranges, locate, merge_partials, program_range, store_range_result, tile_line
 
 fix_triton_interpreter()
@@ -125,18 +126,11 @@ def _mla_prefill(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """BLOCK_Q new tokens of one sequence times HEAD_BLOCK heads: one latent tile serves all the rows."""
-    q_tile = tl.program_id(0)
     head_block = tl.program_id(1)
-    seq = tl.program_id(2)
-    q_start = tl.load(cu_seqlens_q_ptr + seq)
-    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    if q_tile * BLOCK_Q >= q_len:
+    seq, q_start, q_len, prefix, tok, in_block = prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, BLOCK_Q, HEAD_BLOCK)
+    if tl.program_id(0) * BLOCK_Q >= q_len:
         return
-    seq_len = tl.load(seq_lens_ptr + seq)
-    prefix = seq_len - q_len
-    rows = tl.arange(0, BLOCK_Q * HEAD_BLOCK)
-    tok = q_tile * BLOCK_Q + rows // HEAD_BLOCK  # index among the new tokens
-    heads = head_block * HEAD_BLOCK + rows % HEAD_BLOCK
+    heads = head_block * HEAD_BLOCK + in_block
     row_mask = (tok < q_len) & (heads < NUM_HEADS)
     rank_dims = tl.arange(0, RANK_PAD)
     rope_dims = tl.arange(0, ROPE_PAD)
@@ -146,7 +140,7 @@ def _mla_prefill(
                     + rank_dims[None, :], mask=out_mask, other=0.0)
     q_pe = tl.load(q_pe_ptr + tok64[:, None] * stride_qp_tok + heads[:, None] * stride_qp_head + rope_dims[None, :],
                    mask=row_mask[:, None] & (rope_dims < ROPE)[None, :], other=0.0)
-    kv_end = tl.minimum(seq_len, prefix + (q_tile + 1) * BLOCK_Q)  # the tile's last token sees no further
+    kv_end = prefix + tl.minimum(q_len, (tl.program_id(0) + 1) * BLOCK_Q)  # the tile's last token sees no further
     m, l, acc = _mla_tokens(q_lat, q_pe, cache_ptr, block_table_ptr + seq * stride_bt_seq, 0, kv_end, qk_scale,
                             stride_c_block, stride_c_tok, prefix + tok, BLOCK_Q * HEAD_BLOCK, RANK, RANK_PAD,
                             ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION, UPCAST)

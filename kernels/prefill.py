@@ -23,6 +23,19 @@ BLOCK_N = 64  # keys per loop step on the GPU
 
 
 @triton.jit
+def prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, BLOCK_Q: tl.constexpr, PER_TOKEN: tl.constexpr):
+    """Program (q tile, unit, sequence) of a prefill grid: its sequence, where the sequence's new tokens start
+    among the packed rows and how many there are, the cached tokens before them, and its rows as (new token,
+    k < PER_TOKEN) pairs. The caller returns at once when the tile starts past q_len."""
+    seq = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    rows = tl.arange(0, BLOCK_Q * PER_TOKEN)
+    tok = tl.program_id(0) * BLOCK_Q + rows // PER_TOKEN  # index among the new tokens
+    return seq, q_start, q_len, tl.load(seq_lens_ptr + seq) - q_len, tok, rows % PER_TOKEN
+
+
+@triton.jit
 def _prefill(
     q_ptr, k_ptr, v_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr,
     qk_scale,
@@ -36,19 +49,10 @@ def _prefill(
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    q_tile = tl.program_id(0)
     kv_head = tl.program_id(1)
-    seq = tl.program_id(2)
-    q_start = tl.load(cu_seqlens_q_ptr + seq)
-    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    if q_tile * BLOCK_Q >= q_len:
+    seq, q_start, q_len, prefix, tok, in_group = prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, BLOCK_Q, GROUP_PAD)
+    if tl.program_id(0) * BLOCK_Q >= q_len:
         return
-    seq_len = tl.load(seq_lens_ptr + seq)
-    prefix = seq_len - q_len
-
-    rows = tl.arange(0, BLOCK_Q * GROUP_PAD)
-    tok = q_tile * BLOCK_Q + rows // GROUP_PAD  # index among the new tokens
-    in_group = rows % GROUP_PAD
     row_mask = (tok < q_len) & (in_group < GROUP)
     heads = kv_head * GROUP + in_group
     dims = tl.arange(0, HEAD_DIM_PAD)
@@ -57,11 +61,11 @@ def _prefill(
     q = tl.load(q_ptr + q_off, mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
     q_pos = prefix + tok  # position in the sequence: sees keys 0..q_pos
 
-    kv_end = tl.minimum(seq_len, prefix + (q_tile + 1) * BLOCK_Q)  # the tile's last query sees no further
+    kv_end = prefix + tl.minimum(q_len, (tl.program_id(0) + 1) * BLOCK_Q)  # the tile's last query sees no further
     m, l, acc = attend_tokens(q, k_ptr, v_ptr, block_table_ptr + seq * stride_bt_seq, kv_head, 0, kv_end, qk_scale,
-                               stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
-                               stride_v_head, q_pos, BLOCK_Q * GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N,
-                               True, DOT_PRECISION, UPCAST)
+                              stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
+                              stride_v_head, q_pos, BLOCK_Q * GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N,
+                              True, DOT_PRECISION, UPCAST)
 
     l = tl.where(l == 0.0, 1.0, l)
     o_off = (q_start + tok).to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head + dims[None, :]
