@@ -14,6 +14,13 @@ fix_triton_interpreter()
 
 
 @triton.jit
+def _copy_row(src_ptr, dst_ptr, slot, stride_dst_block, stride_dst_slot, cols, mask, BLOCK_SIZE: tl.constexpr):
+    row = tl.load(src_ptr + cols, mask=mask)
+    dst = dst_ptr + (slot // BLOCK_SIZE) * stride_dst_block + (slot % BLOCK_SIZE) * stride_dst_slot
+    tl.store(dst + cols, row.to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _write_rows(
     src_ptr, dst_ptr, slot_ptr,
     stride_src_tok, stride_dst_block, stride_dst_slot,
@@ -24,10 +31,8 @@ def _write_rows(
     if slot < 0:
         return
     cols = tl.arange(0, WIDTH_PAD)
-    mask = cols < WIDTH
-    row = tl.load(src_ptr + tok * stride_src_tok + cols, mask=mask)
-    dst = dst_ptr + (slot // BLOCK_SIZE) * stride_dst_block + (slot % BLOCK_SIZE) * stride_dst_slot
-    tl.store(dst + cols, row.to(dst_ptr.dtype.element_ty), mask=mask)
+    _copy_row(src_ptr + tok * stride_src_tok, dst_ptr, slot, stride_dst_block, stride_dst_slot, cols, cols < WIDTH,
+              BLOCK_SIZE)
 
 
 @triton.jit
@@ -42,13 +47,8 @@ def _write_kv_rows(
         return
     cols = tl.arange(0, WIDTH_PAD)
     mask = cols < WIDTH
-    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-    k = tl.load(k_ptr + tok * stride_k_tok + cols, mask=mask)
-    v = tl.load(v_ptr + tok * stride_v_tok + cols, mask=mask)
-    k_dst = k_cache_ptr + block * stride_kc_block + offset * stride_kc_slot
-    v_dst = v_cache_ptr + block * stride_vc_block + offset * stride_vc_slot
-    tl.store(k_dst + cols, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_dst + cols, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    _copy_row(k_ptr + tok * stride_k_tok, k_cache_ptr, slot, stride_kc_block, stride_kc_slot, cols, mask, BLOCK_SIZE)
+    _copy_row(v_ptr + tok * stride_v_tok, v_cache_ptr, slot, stride_vc_block, stride_vc_slot, cols, mask, BLOCK_SIZE)
 
 
 def _rows(src, cache):

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
-from .dot import dot
+from .dot import dot, softmax_update
 from .work_split import line_ranges, locate, merge_partials, program_range, store_range_result, tile_line
 
 fix_triton_interpreter()
@@ -47,17 +47,10 @@ def attend_tokens(q, k_ptr, v_ptr, bt_row, kv_head, start, end, qk_scale,
         k_rows = blocks * stride_k_block + slot_in_block * stride_k_tok + kv_head * stride_k_head
         k = tl.load(k_ptr + k_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST) * qk_scale  # log2 units
-        s = tl.where(tok_mask[None, :], s, float("-inf"))
-        if CAUSAL:  # every row sees token 0 in the first step, so m is finite from then on
-            s = tl.where(toks[None, :] <= q_pos[:, None], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
+        m, l, p, alpha = softmax_update(s, toks, end, q_pos, m, l, CAUSAL)
         v_rows = blocks * stride_v_block + slot_in_block * stride_v_tok + kv_head * stride_v_head
         v = tl.load(v_ptr + v_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
-        m = m_new
     return m, l, acc
 
 

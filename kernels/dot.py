@@ -1,4 +1,5 @@
-"""The matrix product every kernel uses, and the interpreter's bf16 gap it papers over."""
+"""The matrix product every kernel uses (and the interpreter's bf16 gap it papers over), and the online-softmax
+update every attention kernel's tile loop makes."""
 import triton
 import triton.language as tl
 
@@ -12,3 +13,17 @@ def dot(a, b, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     else:
         return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def softmax_update(s, toks, end, q_pos, m, l, CAUSAL: tl.constexpr):
+    """One tile of the online softmax: scores s [rows, tile] (log2 units) of tokens `toks`, those >= end masked
+    out and, with CAUSAL, those past each row's q_pos -> (new max, new sum, p, alpha). The caller rescales its
+    accumulator by alpha and adds p @ V. Every row sees token 0 in the first tile, so the max is finite after."""
+    s = tl.where((toks < end)[None, :], s, float("-inf"))
+    if CAUSAL:
+        s = tl.where(toks[None, :] <= q_pos[:, None], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return m_new, l * alpha + tl.sum(p, 1), p, alpha

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
-from .dot import dot
+from .dot import dot, softmax_update
 from .prefill import prefill_rows
 from .work_split import line_ranges, locate, merge_partials, program_range, store_range_result, tile_line
 
@@ -56,15 +56,8 @@ def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_b
         k_pe = tl.load(rows[:, None] + RANK + rope_dims[None, :], mask=tok_mask[:, None] & rope_mask[None, :],
                        other=0.0)
         s = dot(q_lat, tl.trans(kv_c), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
-        s = tl.where(tok_mask[None, :], s * qk_scale, float("-inf"))
-        if CAUSAL:  # every row sees token 0 in the first step, so m is finite from then on
-            s = tl.where(toks[None, :] <= q_pos[:, None], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
+        m, l, p, alpha = softmax_update(s * qk_scale, toks, end, q_pos, m, l, CAUSAL)
         acc = acc * alpha[:, None] + dot(p.to(kv_c.dtype), kv_c, DOT_PRECISION, UPCAST)
-        m = m_new
     return m, l, acc
 
 
