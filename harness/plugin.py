@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from . import config as project_config
+from . import environment
 from . import options, stacks
 from .errors import UsageError
 from .fixture import memcheck, pytest_runtest_call  # noqa: F401 - registered through this plugin module
@@ -35,6 +36,8 @@ def pytest_configure(config):
 
 
 def default_profile() -> str:
+    if environment.torch_is_cpu_only():  # no GPU can be available: spare this process torch's import
+        return "ci"
     import torch
 
     return "full" if torch.cuda.is_available() else "ci"
