@@ -44,6 +44,29 @@ def device_class(device=None) -> str:
     return f"cpu-{platform.machine()}"
 
 
+def torch_is_cpu_only(version_file: str | None = None) -> bool:
+    """True when the installed torch is a build for CPUs only (no CUDA, no ROCm), read from its version.py without
+    importing it: importing torch costs a pytest session 2-3 s that a CPU runner only spends to learn this."""
+    import ast
+    import importlib.util
+    import os
+
+    try:
+        if version_file is None:
+            version_file = os.path.join(importlib.util.find_spec("torch").submodule_search_locations[0], "version.py")
+        with open(version_file) as f:
+            tree = ast.parse(f.read())
+    except (ImportError, AttributeError, TypeError, IndexError, OSError, SyntaxError, ValueError):
+        return False  # unknown: the caller imports torch and asks it
+    builds = {}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        for target in targets:
+            if isinstance(target, ast.Name) and isinstance(getattr(node, "value", None), ast.Constant):
+                builds[target.id] = node.value.value
+    return "cuda" in builds and "hip" in builds and builds["cuda"] is None and builds["hip"] is None
+
+
 def git_sha(cwd: str | None = None) -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], capture_output=True, text=True,

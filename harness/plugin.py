@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from . import environment
 from . import project as project_config
 from . import options, stacks
 from .errors import UsageError
@@ -36,6 +37,8 @@ def pytest_configure(config):
 
 
 def default_profile() -> str:
+    if environment.torch_is_cpu_only():  # no GPU can be available: spare this process torch's import
+        return "ci"
     import torch
 
     return "full" if torch.cuda.is_available() else "ci"

@@ -107,3 +107,13 @@ def test_ci_files_use_only_real_options():
     for sub, flags in re.findall(r"\bmemcheck (comment|merge|export)((?: [^\n]*)?)", text):
         for flag in re.findall(r"(--[a-z-]+|-o)\b", flags):
             assert f'"{flag}"' in cli, f"memcheck {sub} {flag}"
+
+
+def test_ci_runs_the_readmes_two_commands():
+    """.ci/run is what the README says CI runs: its set-up, then the README's test command, word for word."""
+    block = (ROOT / "README.md").read_text().split("## Two commands", 1)[1].split("```bash\n", 1)[1].split("```")[0]
+    setup, test = [line.split("#")[0].strip() for line in block.strip().splitlines()]
+    commands = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+                if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert commands == [setup.split(" && ")[0], test]
+    assert test.startswith(".venv/bin/pytest --memcheck") and test.endswith(" tests suites")

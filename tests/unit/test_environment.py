@@ -50,3 +50,24 @@ def test_bad_strict_environment_is_one_line_naming_the_field(tmp_path, value, me
 def test_strict_environment_loads(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[tool.memcheck]\nstrict_environment = ["torch", "flash_attn"]\n')
     assert project.load(tmp_path).strict_environment == ("torch", "flash_attn")
+
+
+@pytest.mark.parametrize("cuda, hip, cpu_only", [("None", "None", True), ("'12.8'", "None", False),
+                                                 ("None", "'6.4.0'", False)])
+def test_a_cpu_only_torch_build_is_told_from_its_version_file(tmp_path, cuda, hip, cpu_only):
+    version = tmp_path / "version.py"
+    version.write_text(f"from typing import Optional\n__version__ = '2.13.0'\ncuda: Optional[str] = {cuda}\n"
+                       f"hip = {hip}\n")
+    assert environment.torch_is_cpu_only(str(version)) is cpu_only
+
+
+def test_an_unreadable_version_file_means_ask_torch(tmp_path):
+    assert environment.torch_is_cpu_only(str(tmp_path / "missing.py")) is False
+    (tmp_path / "old.py").write_text("__version__ = '1.0'\n")  # says nothing about CUDA: not CPU-only for sure
+    assert environment.torch_is_cpu_only(str(tmp_path / "old.py")) is False
+
+
+def test_the_installed_torch_agrees_with_its_version_file():
+    import torch
+
+    assert environment.torch_is_cpu_only() is (torch.version.cuda is None and torch.version.hip is None)
