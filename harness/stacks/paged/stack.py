@@ -48,15 +48,17 @@ class PagedStack(Stack):
     def prepare(self) -> None:
         import torch
 
+        import kernels
+        from kernels.dispatch import sm_count
+
         from ...models import build_hf_model, torch_dtype
         from .config import EngineConfig, ModelSpec, blocks_needed
         from .engine import Engine
         from .model import CausalLM
-        from kernels.dispatch import sm_count
-
         from .workspace import declare
 
         self.device = torch.device(self.device)
+        kernels.preload(self.device)
         self.dtype = torch_dtype(self.workload, self.device)
         self.requests = self.workload.request_list()
         hf = build_hf_model(self.workload, self.device)
