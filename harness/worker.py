@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     p.add_argument("--master-port", type=int, default=0)
     args = p.parse_args(argv)
 
-    from . import config, stacks, workload
+    from . import project, stacks, workload
     from .errors import StackUnavailable, UsageError
     from .devices import resolve_device
     from .measure_round import measure
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from .states import ErrorKind, ItemError
 
     try:
-        cfg = config.load(args.rootdir)
+        cfg = project.load(args.rootdir)
         found = [w for w in workload.load_file(args.file, args.profile, stacks.names(), cfg.thresholds)
                  if w.name == args.workload]
         if not found:

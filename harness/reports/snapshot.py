@@ -73,7 +73,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from .. import config, stacks, workload
+    from .. import project, stacks, workload
     from ..devices import resolve_device
     from ..measure_round import measure
     from ..metrics.collect import CollectorOptions
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     if device.type != "cuda":
         print(f"device {device} is not CUDA: no allocator snapshot", file=sys.stderr)
         return NOT_CUDA
-    cfg = config.load(args.rootdir)
+    cfg = project.load(args.rootdir)
     found = [w for w in workload.load_file(args.file, args.profile, stacks.names(), cfg.thresholds)
              if w.name == args.workload]
     if not found:
