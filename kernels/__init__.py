@@ -23,10 +23,10 @@ def preload(device) -> None:
     """Import now the implementations `device` runs, not at their first call inside a measured run: an import there
     compiles its module under tracemalloc (where no .pyc is written), which host.heap_alloc.peak would count."""
     import importlib
-    import os
 
-    on_triton = device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-    for name in TRITON_MODULES if on_triton else ("reference",):
+    from .dispatch import triton_runs_on
+
+    for name in TRITON_MODULES if triton_runs_on(device) else ("reference",):
         importlib.import_module(f"{__name__}.{name}")
 
 

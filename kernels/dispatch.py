@@ -4,8 +4,15 @@ import functools
 import os
 
 
+MAX_PROGRAMS_PER_SM = 32  # resident blocks per multiprocessor on sm_80/sm_90: a one-wave grid's cap
+
+
 def use_triton(t) -> bool:
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return triton_runs_on(t.device)
+
+
+def triton_runs_on(device) -> bool:
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,5 +85,6 @@ def resident_programs(kernel_fn, key, device, num_warps: int, warmup) -> int:
         by_regs = (regs_per_sm // max(regs_per_warp, 256)) // num_warps
         by_smem = smem_per_sm // (compiled.metadata.shared + 1024)  # 1 KiB reserved per block
         by_threads = threads_per_sm // (32 * num_warps)
-        _RESIDENT[full_key] = props.multi_processor_count * max(1, min(by_regs, by_smem, by_threads, 32))
+        per_sm = min(by_regs, by_smem, by_threads, MAX_PROGRAMS_PER_SM)
+        _RESIDENT[full_key] = props.multi_processor_count * max(1, per_sm)
     return _RESIDENT[full_key]

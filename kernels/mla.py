@@ -160,9 +160,8 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     on_gpu = q_latent.device.type == "cuda"
     cfg = {**PREFILL_CONFIG, **({} if on_gpu else CPU_PREFILL_TILES), **(config or {})}
-    head_block = min(16, max(1, next_pow2(num_heads)))  # the interpreter takes any power of two
-    if on_gpu:
-        head_block = max(16, head_block)  # the tensor cores' least row count
+    # 16 rows: the tensor cores' least; the interpreter takes any power of two
+    head_block = 16 if on_gpu else min(16, next_pow2(num_heads))
     block_q = max(1, cfg["rows"] // head_block)
     grid = (triton.cdiv(max_q_len, block_q), triton.cdiv(num_heads, head_block), num_seqs)
     _mla_prefill[grid](
@@ -178,6 +177,7 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out
+
 
 def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
                num_programs=None):

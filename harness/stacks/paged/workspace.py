@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kernels.dispatch import MAX_PROGRAMS_PER_SM
+
 from .config import EngineConfig, ModelSpec, input_tokens
 
 # The decode kernels split their work over a one-wave grid (kernels/work_split.py): at most multiprocessors x
-# RESIDENT_PER_SM programs (kernels/dispatch.resident_programs caps it there), each with 2 partial slots of its
-# rows (a KV head's query group, or a block of 16 MLA heads) x (width + 1) float32, whatever the batch.
-RESIDENT_PER_SM = 32
+# MAX_PROGRAMS_PER_SM programs, each with 2 partial slots of its rows (a KV head's query group, or a block of
+# MLA heads: kernels/mla.py's head_block) x (width + 1) float32, whatever the batch.
 MLA_HEAD_BLOCK = 16
 CUBLAS_WORKSPACE = 36 << 20  # cuBLAS (32 MiB on Hopper) + cuBLASLt workspaces, from the caching allocator
 
@@ -74,7 +75,7 @@ def declare(spec: ModelSpec, cfg: EngineConfig, requests, dtype_bytes: int, mult
     if multiprocessors:
         width = spec.kv_lora_rank if spec.mla else spec.head_dim
         rows = MLA_HEAD_BLOCK if spec.mla else spec.heads // spec.kv_heads
-        ws.parts["decode partials"] = multiprocessors * RESIDENT_PER_SM * 2 * rows * (width + 1) * 4
+        ws.parts["decode partials"] = multiprocessors * MAX_PROGRAMS_PER_SM * 2 * rows * (width + 1) * 4
         ws.parts["cuBLAS workspace"] = CUBLAS_WORKSPACE
     else:  # the torch reference kernels materialise one sequence's scores and its gathered K/V (or latent)
         chunk = min(budget, max(inputs))
