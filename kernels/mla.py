@@ -26,7 +26,8 @@ LOG2E = 1.4426950408889634
 # kernel (a different, smaller kernel), and one divisible by 16 gets other alignment hints.
 PROBE_PROGRAMS = 1001
 # Tuned on the H200 (benchmarks/results/); maxnreg 168 fits 3 programs per multiprocessor, not 2.
-DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168}
+# min_tiles: tiles per range at least (kernels/work_split.py): a partial weighs as much as a tile.
+DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 4}
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator over 8 warps); untuned.
 PREFILL_CONFIG = {"rows": 32, "block_n": 32, "num_warps": 8, "num_stages": 2}
@@ -71,14 +72,14 @@ def _mla_decode(
     stride_o_seq, stride_o_head,
     NUM_HEADS: tl.constexpr, HEAD_BLOCK: tl.constexpr, NUM_HEAD_BLOCKS: tl.constexpr,
     RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Range j of head block `head_block`'s tile line (kernels/work_split.py)."""
     pid = tl.program_id(0)
     head_block = pid % NUM_HEAD_BLOCKS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-    first, last = program_range(pid // NUM_HEAD_BLOCKS, line_ranges(num_programs, NUM_HEAD_BLOCKS, total), total)
+    first, last = program_range(pid // NUM_HEAD_BLOCKS, line_ranges(num_programs, NUM_HEAD_BLOCKS, total, MIN_TILES), total)
     rows = tl.arange(0, HEAD_BLOCK)
     rank_dims = tl.arange(0, RANK_PAD)
     rank_mask = rank_dims < RANK
@@ -182,7 +183,7 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
 def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
                num_programs=None):
     """Triton MLA decode. out: a buffer to write (tests poison it); config (block_n, num_warps,
-    num_stages, head_block, maxnreg) and num_programs override the tuned defaults and the grid."""
+    num_stages, head_block, maxnreg, min_tiles) and num_programs override the tuned defaults and the grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]
     _, block_size, width = latent_cache.shape
@@ -199,6 +200,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     consts = dict(NUM_HEADS=num_heads, HEAD_BLOCK=head_block, NUM_HEAD_BLOCKS=num_head_blocks,
                   RANK=rank, RANK_PAD=max(16, next_pow2(rank)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
                   BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
+                  MIN_TILES=cfg["min_tiles"],
                   DOT_PRECISION=dot_precision(q_latent.dtype), UPCAST=upcast_dots(latent_cache),
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if on_gpu and cfg.get("maxnreg"):
@@ -224,5 +226,6 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     part_lse = torch.empty(num_programs * 2 * head_block, device=q_latent.device, dtype=torch.float32)
     _mla_decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=num_head_blocks,
-                   rows=head_block, head_dim=rank, block_n=block_n, seqs_pad=consts["SEQS_PAD"])
+                   rows=head_block, head_dim=rank, block_n=block_n, seqs_pad=consts["SEQS_PAD"],
+                   min_tiles=cfg["min_tiles"])
     return out

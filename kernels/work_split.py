@@ -4,8 +4,11 @@ A unit of work is one head group (a KV head, or a block of MLA heads); every uni
 line of tiles: sequence by sequence, BLOCK_N tokens at a time (T tiles). Each unit's line is cut
 into R even ranges, and program pid = j * UNITS + unit takes range j of its unit: every program
 reads the same number of bytes whatever the mix of lengths, so a grid of the programs the GPU
-holds at once ends together (no tail, no second wave). R is at most T (programs past it idle):
-a range never comes out empty, and a short batch is merged from as few partials as it has tiles.
+holds at once ends together (no tail, no second wave). R is at most T / MIN_TILES (programs past it
+idle): a range never comes out empty, and a short batch is merged from as few partials as it has
+ranges. MIN_TILES > 1 where a partial is as large as the tiles it summarises (MLA: a 16-head block's
+512-wide float32 partial is 32 KiB, a 32-token latent tile 36 KiB): one tile per range would write,
+and merge back, as many bytes as it read.
 Programs side by side take the same range of different units, so they read the same blocks at the
 same time (all heads of a token row).
 A range crosses whole sequences and cuts at most two: its first and its last. A whole sequence's
@@ -32,9 +35,9 @@ def tile_line(seq_lens_ptr, num_seqs, BLOCK_N: tl.constexpr, SEQS_PAD: tl.conste
 
 
 @triton.jit
-def line_ranges(num_programs, UNITS: tl.constexpr, total):
-    """R: the programs per unit, but no more than the line's T tiles (at least 1)."""
-    return tl.maximum(1, tl.minimum(num_programs // UNITS, total))
+def line_ranges(num_programs, UNITS: tl.constexpr, total, MIN_TILES: tl.constexpr):
+    """R: the programs per unit, but no more than the line's T tiles over MIN_TILES (at least 1)."""
+    return tl.maximum(1, tl.minimum(num_programs // UNITS, total // MIN_TILES))
 
 
 @triton.jit
@@ -87,7 +90,7 @@ def combine_cut_units(
     stride_o_seq, stride_o_head,
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROWS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
-    J_BLOCK: tl.constexpr,
+    J_BLOCK: tl.constexpr, MIN_TILES: tl.constexpr,
 ):
     """Grid (sequence, unit, DIM_BLOCK columns). If range boundaries cut the sequence in this unit,
     merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
@@ -96,7 +99,7 @@ def combine_cut_units(
     seq = tl.program_id(0)
     unit = tl.program_id(1)
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-    ranges = line_ranges(num_programs, UNITS, total)
+    ranges = line_ranges(num_programs, UNITS, total, MIN_TILES)
     n = tl.sum(tl.where(seqs == seq, tiles, 0), 0)
     rows = tl.arange(0, ROWS_PAD)
     heads = unit * ROWS + rows
@@ -134,7 +137,7 @@ def combine_cut_units(
 
 
 def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
-                   seqs_pad):
+                   seqs_pad, min_tiles=1):
     """Launch combine_cut_units over every (sequence, unit, column block)."""
     dim_block = min(COMBINE_DIM_BLOCK, max(16, next_pow2(head_dim)))
     num_seqs = seq_lens.shape[0]
@@ -142,5 +145,6 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROWS_PAD=max(2, next_pow2(rows)),
         HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=COMBINE_J_BLOCK,
+        MIN_TILES=min_tiles,
         num_warps=4,
     )

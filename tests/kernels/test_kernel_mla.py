@@ -37,17 +37,20 @@ def test_half_precision(dtype):
     assert_close(mla_decode(*case, out=poisoned(case[0])), fp32_reference(*case))
 
 
+@pytest.mark.parametrize("min_tiles", [1, 2])
 @pytest.mark.parametrize("num_programs", [1, 3, 20])
-def test_any_split_of_the_work_gives_the_same_answer(num_programs):
+def test_any_split_of_the_work_gives_the_same_answer(num_programs, min_tiles):
     case = make_case(num_programs, 8, 16, [45, 0, 3])
-    out = mla_decode(*case, out=poisoned(case[0]), num_programs=num_programs)
+    out = mla_decode(*case, out=poisoned(case[0]), num_programs=num_programs, config={"min_tiles": min_tiles})
     assert_close(out, fp32_reference(*case))
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
-def test_one_long_sequence_merged_from_many_partials():
+@pytest.mark.parametrize("min_tiles", [1, 3])  # 20 ranges of a tile; 6 ranges of 3-4 tiles
+def test_one_long_sequence_merged_from_many_partials(min_tiles):
     case = make_case(4, 16, 16, [16 * 19 + 5])  # 20 tiles of 16 tokens on the CPU, one head block
-    assert_close(mla_decode(*case, out=poisoned(case[0]), num_programs=19), fp32_reference(*case))
+    out = mla_decode(*case, out=poisoned(case[0]), num_programs=19, config={"min_tiles": min_tiles})
+    assert_close(out, fp32_reference(*case))
 
 
 def test_deepseek_v2_lite_widths_bf16():
