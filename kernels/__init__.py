@@ -13,10 +13,10 @@ Importing this package is cheap: torch and triton load on the first call.
 from .dispatch import use_triton
 
 __all__ = ["preload", "paged_decode", "paged_prefill", "mla_decode", "mla_prefill", "write_kv", "write_latent",
-           "fused_moe", "rms_norm", "apply_rotary", "silu_mul_"]
+           "route", "fused_moe", "rms_norm", "apply_rotary", "silu_mul_"]
 
 
-TRITON_MODULES = ("decode", "prefill", "mla", "cache_write", "moe", "norm", "rotary", "activation")
+TRITON_MODULES = ("decode", "prefill", "mla", "cache_write", "router", "moe", "norm", "rotary", "activation")
 
 
 def preload(device) -> None:
@@ -103,15 +103,27 @@ def write_latent(latent, latent_cache, slot_mapping):
     impl(latent, latent_cache, slot_mapping)
 
 
-def fused_moe(x, gate_up, down, weights, ids):
+def route(x, weight, bias, *, method, top_k, n_group, topk_group, normalise, scaling):
+    """A MoE router (kernels/router.py's methods): x [T, hidden], weight [experts, hidden], bias [experts] for
+    noaux_tc -> (routing weights [T, top_k] float32, scaling included; expert ids [T, top_k])."""
+    if use_triton(x):
+        from .router import route as impl
+    else:
+        from .reference import route as impl
+    return impl(x, weight, bias, method=method, top_k=top_k, n_group=n_group, topk_group=topk_group,
+                normalise=normalise, scaling=scaling)
+
+
+def fused_moe(x, gate_up, down, weights, ids, shared=None):
     """The routed experts of a MoE layer: each token through its top_k experts' gated MLPs, weighted.
     x [T, hidden]; gate_up [experts, 2 x inter, hidden]; down [experts, hidden, inter]; weights [T, top_k]
-    float32 (routing weights, scaling included); ids [T, top_k]. Returns [T, hidden] in x's dtype."""
+    float32 (routing weights, scaling included); ids [T, top_k]; shared [T, hidden] (the shared experts'
+    output) or None. Returns [T, hidden] in x's dtype: the routed sum, rounded, plus shared."""
     if use_triton(x):
         from .moe import fused_moe as impl
     else:
         from .reference import fused_moe as impl
-    return impl(x, gate_up, down, weights, ids)
+    return impl(x, gate_up, down, weights, ids, shared)
 
 
 def rms_norm(x, weight, eps, residual=None):

@@ -7,7 +7,8 @@ whose expert got no picks returns at once, so the weights of untouched experts a
   1. gate-up: h[pick] = silu(x[token] @ W_gate[e]^T) * (x[token] @ W_up[e]^T), both halves in one
      program (the activation never leaves registers in float32)
   2. down: y[pick] = routing_weight[pick] * (h[pick] @ W_down[e]^T), float32, at the pick's own row
-The caller sums each token's top_k rows of y (one reduction, in a fixed order: deterministic).
+  3. sum: out[token] = sum of its top_k rows of y (in a fixed order: deterministic), rounded to the
+     model dtype, plus the shared experts' output (as torch's `out += shared` would round it)
 Weight layout is transformers': gate_up [experts, 2 x inter, hidden], down [experts, hidden, inter].
 """
 import torch
@@ -90,6 +91,22 @@ def _down(h_ptr, w_ptr, y_ptr, order_ptr, offsets_ptr, weight_ptr,
 
 
 @triton.jit
+def _sum_picks(y_ptr, shared_ptr, out_ptr, stride_shared, stride_out,
+               HIDDEN: tl.constexpr, TOP_K: tl.constexpr, BLOCK: tl.constexpr, HAS_SHARED: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < HIDDEN
+    acc = tl.zeros([BLOCK], tl.float32)
+    for k in tl.static_range(TOP_K):
+        acc += tl.load(y_ptr + (t * TOP_K + k) * HIDDEN + cols, mask=mask, other=0.0)
+    out = acc.to(out_ptr.dtype.element_ty)
+    if HAS_SHARED:
+        out = (out.to(tl.float32) + tl.load(shared_ptr + t * stride_shared + cols, mask=mask, other=0.0).to(tl.float32))
+        out = out.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + t * stride_out + cols, out, mask=mask)
+
+
+@triton.jit
 def _sort_picks(ids_ptr, order_ptr, offsets_ptr, num_picks,
                 NUM_EXPERTS: tl.constexpr, EXPERTS_PAD: tl.constexpr, BLOCK: tl.constexpr):
     """One program: a counting sort of the picks by expert, stable (a pick's place among its expert's
@@ -131,9 +148,10 @@ def sort_picks(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch
     return order, offsets
 
 
-def fused_moe(x, gate_up, down, weights, ids, *, config=None):
+def fused_moe(x, gate_up, down, weights, ids, shared=None, *, config=None):
     """x [T, hidden]; gate_up [E, 2 x inter, hidden]; down [E, hidden, inter]; weights [T, top_k] float32
-    (routing weights, scaling included); ids [T, top_k]. Returns [T, hidden] in x's dtype."""
+    (routing weights, scaling included); ids [T, top_k]; shared [T, hidden] or None. Returns [T, hidden] in
+    x's dtype."""
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
     inter, top_k = two_inter // 2, ids.shape[1]
@@ -156,4 +174,10 @@ def fused_moe(x, gate_up, down, weights, ids, *, config=None):
         h, down, y, order, offsets, weights, h.stride(0), down.stride(0), down.stride(1), y.stride(0),
         HIDDEN=hidden, INTER=inter, **common)
     del h
-    return y.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
+    out = torch.empty_like(x)
+    if num_tokens:
+        block = min(1024, next_pow2(hidden))
+        _sum_picks[(num_tokens, triton.cdiv(hidden, block))](
+            y, x if shared is None else shared, out, 0 if shared is None else shared.stride(0), out.stride(0),
+            HIDDEN=hidden, TOP_K=top_k, BLOCK=block, HAS_SHARED=shared is not None, num_warps=4)
+    return out

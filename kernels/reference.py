@@ -100,7 +100,39 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
     return paged_prefill(q, latent, latent, block_table, cu_seqlens_q, seq_lens, scale)[..., :rank]
 
 
-def fused_moe(x, gate_up, down, weights, ids) -> torch.Tensor:
+def route(x, weight, bias, *, method, top_k, n_group, topk_group, normalise, scaling):
+    """A MoE router: x [T, hidden], weight [experts, hidden] -> (routing weights [T, top_k] float32,
+    scaling included; expert ids [T, top_k]). Logits in float32 as DeepSeek's gates compute them.
+    greedy: softmax, top_k. group_limited_greedy: softmax, top_k inside the topk_group groups of best
+    expert. noaux_tc: sigmoid (+ bias to rank), groups ranked by their two best, weights normalised."""
+    logits = torch.nn.functional.linear(x.float(), weight.float())
+    experts = weight.shape[0]
+    if method == "noaux_tc":
+        scores = logits.sigmoid()
+        choice = scores + bias
+        group_scores = choice.view(-1, n_group, experts // n_group).topk(2, dim=-1)[0].sum(-1)
+        choice = choice.masked_fill(~_best_groups(group_scores, topk_group, experts), float("-inf"))
+        ids = choice.topk(top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, ids)
+    else:
+        scores = logits.softmax(-1)
+        if method == "group_limited_greedy":
+            group_scores = scores.view(-1, n_group, experts // n_group).max(-1).values
+            scores = scores.masked_fill(~_best_groups(group_scores, topk_group, experts), 0.0)
+        weights, ids = scores.topk(top_k, dim=-1, sorted=False)
+    if normalise:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * scaling, ids
+
+
+def _best_groups(group_scores, topk_group, experts) -> torch.Tensor:
+    """[T, experts] bool: the experts of each token's topk_group best groups."""
+    keep = torch.zeros_like(group_scores, dtype=torch.bool)
+    keep.scatter_(1, group_scores.topk(topk_group, dim=-1, sorted=False)[1], True)
+    return keep.repeat_interleave(experts // group_scores.shape[1], dim=1)
+
+
+def fused_moe(x, gate_up, down, weights, ids, shared=None) -> torch.Tensor:
     """Routed experts: picks grouped by expert (one sort), each expert's rows through its gated MLP,
     weighted and added to their tokens. x [T, hidden]; gate_up [E, 2 x inter, hidden]; down [E, hidden,
     inter]; weights [T, top_k] float32; ids [T, top_k]. One Python loop over experts (a host sync)."""
@@ -121,6 +153,8 @@ def fused_moe(x, gate_up, down, weights, ids) -> torch.Tensor:
         h = F.linear(F.silu(gate) * up, down[expert])
         out.index_add_(0, rows, (h * weights.flatten()[picks, None]).to(out.dtype))
         start += n
+    if shared is not None:
+        out += shared
     return out
 
 

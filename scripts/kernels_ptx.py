@@ -22,7 +22,7 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kernels import activation, cache_write, decode, mla, moe, norm, prefill, rotary  # noqa: E402
+from kernels import activation, cache_write, decode, mla, moe, norm, prefill, rotary, router  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}
@@ -103,7 +103,14 @@ def launches() -> dict[str, tuple]:
         "silu * up 18944": lambda: activation.silu_mul_(torch.randn(4, 2 * 18944, dtype=bf16)),
         "moe 8 experts, top 2": lambda: moe.fused_moe(
             torch.randn(5, 256, dtype=bf16), torch.randn(8, 2 * 96, 256, dtype=bf16),
-            torch.randn(8, 256, 96, dtype=bf16), torch.rand(5, 2), torch.randint(0, 8, (5, 2)), config=GPU_MOE_TILES),
+            torch.randn(8, 256, 96, dtype=bf16), torch.rand(5, 2), torch.randint(0, 8, (5, 2)),
+            torch.randn(5, 256, dtype=bf16), config=GPU_MOE_TILES),
+        "router greedy 64 experts, top 6": lambda: router.route(
+            torch.randn(4, 2048, dtype=bf16), torch.randn(64, 2048, dtype=bf16), None, method="greedy", top_k=6,
+            n_group=1, topk_group=1, normalise=False, scaling=1.0),
+        "router noaux_tc 256 experts in 8 groups, top 8": lambda: router.route(
+            torch.randn(4, 7168, dtype=bf16), torch.randn(256, 7168, dtype=bf16), torch.rand(256), method="noaux_tc",
+            top_k=8, n_group=8, topk_group=4, normalise=True, scaling=2.5),
     }
     for case, call in cases.items():
         for kernel, values, options in capture(call):

@@ -32,6 +32,24 @@ def test_fused_moe_matches_reference(tokens, experts, top_k, skew, dtype):
     assert_close(out, ref)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_shared_experts_output_added_to_the_routed_sum(dtype):
+    """out = (sum of picks, rounded) + shared, the reference's `out += shared`. (Exact in float32 only:
+    the interpreter's bf16 casts do not round ties to even as the GPU's do.)"""
+    dt = DTYPES[dtype]
+    gen = torch.Generator().manual_seed(3)
+    x = randn(gen, 6, 48, dtype=dt)
+    gate_up = (randn(gen, 8, 80, 48) / 7).to(dt)
+    down = (randn(gen, 8, 48, 40) / 6).to(dt)
+    shared = randn(gen, 6, 48, dtype=dt)
+    weights, ids = routed(gen, 6, 8, 2, 8)
+    with_shared = moe.fused_moe(x, gate_up, down, weights, ids, shared)
+    if dt == torch.float32:
+        assert torch.equal(with_shared, moe.fused_moe(x, gate_up, down, weights, ids) + shared)
+    assert_close(with_shared,
+                 reference.fused_moe(x.float(), gate_up.float(), down.float(), weights, ids, shared.float()))
+
+
 def test_tall_row_tiles_when_experts_get_many_picks():
     """40 tokens x 2 picks over 4 experts (20 each) take the 64-row tiles; the result is the same."""
     gen = torch.Generator().manual_seed(1)

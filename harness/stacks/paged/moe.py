@@ -3,13 +3,12 @@ their weighted outputs add to the shared experts' output.
 
 Routing follows the preset: greedy (softmax, top-k: V2-Lite), group_limited_greedy (softmax, top-k
 inside the best groups: V2), noaux_tc (sigmoid plus correction bias, groups ranked by their top-2
-sum, normalised weights: V3). Expert weights keep transformers' fused layout: gate_up_proj
+sum, normalised weights: V3), in kernels.route. Expert weights keep transformers' fused layout: gate_up_proj
 [experts, 2 x moe_intermediate, hidden], down_proj [experts, hidden, moe_intermediate], run by
 kernels.fused_moe."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import kernels
@@ -29,30 +28,9 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> (weights [T, top_k] float32, expert ids [T, top_k])."""
         s = self.spec
-        logits = F.linear(x.float(), self.weight.float())
-        if s.topk_method == "noaux_tc":
-            scores = logits.sigmoid()
-            choice = scores + self.e_score_correction_bias
-            group_scores = choice.view(-1, s.n_group, s.n_routed_experts // s.n_group).topk(2, dim=-1)[0].sum(-1)
-            choice = choice.masked_fill(~self._group_mask(group_scores), float("-inf"))
-            ids = choice.topk(s.top_k, dim=-1, sorted=False)[1]
-            weights = scores.gather(1, ids)
-            if s.norm_topk_prob:
-                weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        else:
-            scores = logits.softmax(-1)
-            if s.topk_method == "group_limited_greedy":
-                group_scores = scores.view(-1, s.n_group, s.n_routed_experts // s.n_group).max(-1).values
-                scores = scores.masked_fill(~self._group_mask(group_scores), 0.0)
-            weights, ids = scores.topk(s.top_k, dim=-1, sorted=False)
-        return weights * s.routed_scaling_factor, ids
-
-    def _group_mask(self, group_scores: torch.Tensor) -> torch.Tensor:
-        """[T, experts] bool: experts of each token's topk_group best groups."""
-        s = self.spec
-        keep = torch.zeros_like(group_scores, dtype=torch.bool)
-        keep.scatter_(1, group_scores.topk(s.topk_group, dim=-1, sorted=False)[1], True)
-        return keep.repeat_interleave(s.n_routed_experts // s.n_group, dim=1)
+        bias = self.e_score_correction_bias if s.topk_method == "noaux_tc" else None
+        return kernels.route(x, self.weight, bias, method=s.topk_method, top_k=s.top_k, n_group=s.n_group,
+                             topk_group=s.topk_group, normalise=s.norm_topk_prob, scaling=s.routed_scaling_factor)
 
 
 class Experts(nn.Module):
@@ -61,10 +39,11 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(spec.n_routed_experts, 2 * spec.moe_intermediate, spec.hidden))
         self.down_proj = nn.Parameter(torch.empty(spec.n_routed_experts, spec.hidden, spec.moe_intermediate))
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Picks sorted by expert: the fused Triton kernels on CUDA (two launches, no host sync), the
-        torch reference (a loop over experts) on the CPU."""
-        return kernels.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids)
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, shared=None) -> torch.Tensor:
+        """Picks sorted by expert: the fused Triton kernels on CUDA (no host sync; the picks' sum and the
+        shared experts' output `shared` added in one launch), the torch reference (a loop over experts) on
+        the CPU."""
+        return kernels.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids, shared)
 
 
 class MoE(nn.Module):
@@ -77,7 +56,5 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        out = self.experts(x, weights, ids)
-        if self.shared_experts is not None:
-            out += self.shared_experts(x)
-        return out
+        shared = self.shared_experts(x) if self.shared_experts is not None else None
+        return self.experts(x, weights, ids, shared)
