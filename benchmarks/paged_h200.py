@@ -22,9 +22,11 @@ transformers, first-step logits against stock in bf16, and token equality on the
    embedding table (its B rows only); for MoE only the experts the step's routing touches (counted per
    layer on the eager steps). Bar: graphs <= 1.5x floor. Beside it stock transformers' decode step
    (generate, static batch, same prompts) and the graph/eager token agreement on the same steps.
-5. Suite items (section `suite`), full profile, collectors without the host heap, hf and paged:
-   r1-staggered-finish and v2-lite-mixed. Bar: paged tokens/s >= 3x hf; peak above weights within 1.3x of
-   (KV floor + declared workspace).
+5. Suite items (section `suite`), full profile, collectors without the host heap, hf (warmed up) and paged:
+   r1-staggered-finish and v2-lite-mixed (--suite-items: others). Bar: paged tokens/s >= 3x hf; peak above
+   weights within 1.3x of (KV floor + declared workspace).
+6. Kernel sweeps before the decode section: MLA decode's least tiles per range (section `mla_split`, the
+   fastest becomes the default for the run) and the one-launch MoE router against torch's (section `router`).
 Writes paged_h200.json and paged_h200.log to DIR ($OUT on the device machine); prints a short table last.
 """
 import argparse
@@ -404,12 +406,87 @@ def moe_tiles(device) -> dict:
     return {"rows": rows, "default": default, "best": best}
 
 
-def suite_items(device) -> dict:
-    """r1-staggered-finish and v2-lite-mixed, full profile, hf and paged, through the harness."""
+def mla_split(device, bandwidth) -> dict:
+    """kernels.mla_decode over DeepSeek-V2-Lite's latent cache (16 heads, 512 + 64) and V2/V3's 128 heads, at
+    min_tiles 1, 2, 4, 8 (the least tiles per range: kernels/work_split.py): the time of decode plus the merge
+    of its partials, inside a CUDA graph as the engine runs it, against the KV-bytes floor. The fastest summed
+    over the V2-Lite decode shapes becomes kernels.mla.DEFAULT_CONFIG's min_tiles for the sections after this."""
+    import triton.testing
+
+    from kernels import mla
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    shapes = [("v2-lite b8 x 550", 8, 550, 16), ("v2-lite b32 x 550", 32, 550, 16), ("v2-lite b8 x 4K", 8, 4096, 16),
+              ("v2-lite b1 x 64K", 1, 65536, 16), ("v3 b8 x 4K, 128 heads", 8, 4096, 128)]
+    rows = []
+    for name, seqs, ctx, heads in shapes:
+        blocks_per_seq = -(-ctx // 16)
+        cache = torch.randn(seqs * blocks_per_seq, 16, 576, device=device, dtype=torch.bfloat16, generator=gen)
+        table = torch.randperm(seqs * blocks_per_seq, device=device, generator=gen).view(seqs, -1).int()
+        lens = torch.full((seqs,), ctx, device=device, dtype=torch.int32)
+        q_lat = torch.randn(seqs, heads, 512, device=device, dtype=torch.bfloat16, generator=gen)
+        q_pe = torch.randn(seqs, heads, 64, device=device, dtype=torch.bfloat16, generator=gen)
+        floor = seqs * ctx * 576 * 2 / bandwidth
+        row = {"shape": name, "floor_us": floor * 1e6}
+        ref = mla.mla_decode(q_lat, q_pe, cache, table, lens, 0.07, config={"min_tiles": 1})
+        for min_tiles in (1, 2, 4, 8):
+            cfg = {"min_tiles": min_tiles}
+            out = mla.mla_decode(q_lat, q_pe, cache, table, lens, 0.07, config=cfg)
+            t = triton.testing.do_bench_cudagraph(
+                lambda: mla.mla_decode(q_lat, q_pe, cache, table, lens, 0.07, config=cfg), rep=50) / 1e3
+            row[f"min_tiles_{min_tiles}_us"] = t * 1e6
+            row[f"min_tiles_{min_tiles}_max_diff"] = float((out.float() - ref.float()).abs().max())
+        rows.append(row)
+        say("  mla split", json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))
+        del cache
+    lite = [r for r in rows if r["shape"].startswith("v2-lite b")]
+    best = min((1, 2, 4, 8), key=lambda m: sum(r[f"min_tiles_{m}_us"] for r in lite))
+    say(f"  mla split: min_tiles {best} fastest over the V2-Lite shapes (default was {mla.DEFAULT_CONFIG['min_tiles']})")
+    mla.DEFAULT_CONFIG["min_tiles"] = best
+    return {"rows": rows, "best_min_tiles": best}
+
+
+def router(device) -> dict:
+    """kernels.route (one Triton launch) against the torch reference (float32 GEMM, softmax/sigmoid, top-k:
+    what the paged stack ran before) for DeepSeek-V2-Lite, V2 and V3 routers at decode and prefill batch
+    sizes: time inside a CUDA graph, and whether every token gets the same experts."""
+    import triton.testing
+
+    from kernels import reference
+    from kernels import router as triton_router
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    cases = [("v2-lite greedy", 2048, 64, 6, 1, 1, False, 1.0), ("v2 group_limited", 5120, 160, 6, 8, 3, False, 16.0),
+             ("v3 noaux_tc", 7168, 256, 8, 8, 4, True, 2.5)]
+    rows = []
+    for name, hidden, experts, top_k, n_group, topk_group, normalise, scaling in cases:
+        method = name.split()[1]
+        weight = torch.randn(experts, hidden, device=device, dtype=torch.bfloat16, generator=gen) / hidden ** 0.5
+        bias = torch.rand(experts, device=device, generator=gen) * 0.1 if method == "noaux_tc" else None
+        args = dict(method=method, top_k=top_k, n_group=n_group, topk_group=topk_group, normalise=normalise,
+                    scaling=scaling)
+        for tokens in (8, 32, 2048):
+            x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, generator=gen)
+            w, ids = triton_router.route(x, weight, bias, **args)
+            ref_w, ref_ids = reference.route(x, weight, bias, **args)
+            same = sum(set(a) == set(b) for a, b in zip(ids.tolist(), ref_ids.tolist()))
+            row = {"router": name, "tokens": tokens, "same_experts": f"{same}/{tokens}",
+                   "weights_max_diff": float((w.sort(-1)[0] - ref_w.sort(-1)[0]).abs().max())}
+            for impl, fn in (("triton", triton_router.route), ("torch", reference.route)):
+                row[f"{impl}_us"] = triton.testing.do_bench_cudagraph(lambda: fn(x, weight, bias, **args), rep=50) * 1e3
+            rows.append(row)
+            say("  router", json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}))
+    return {"rows": rows}
+
+
+def suite_items(device, names) -> dict:
+    """Suite items by name (every suites/*.yaml), full profile, hf and paged, through the harness."""
     out = {}
-    for path, name in (("suites/r1_long_context.yaml", "r1-staggered-finish"), ("suites/v2_moe.yaml", "v2-lite-mixed")):
-        wl = next(w for w in workload.load_file(str(ROOT / path), "full", stacks.names(), config.load(ROOT).thresholds)
-                  if w.name == name)
+    thresholds = config.load(ROOT).thresholds
+    found = {w.name: w for path in sorted((ROOT / "suites").glob("*.yaml"))
+             for w in workload.load_file(str(path), "full", stacks.names(), thresholds)}
+    for name in names:
+        wl = found[name]
         rows = {}
         for stack in ("hf", "paged"):
             m, metric, peak, seconds = measured(wl, stack, device)
@@ -463,8 +540,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
     parser.add_argument("--dry-run", action="store_true", help="scaled-down model on the CPU")
+    parser.add_argument("--suite-items", default="r1-staggered-finish,v2-lite-mixed",
+                        help="comma-separated suite workloads for the suite section")
     parser.add_argument("--skip", default="", help="comma-separated sections to skip: "
-                        "batch8,ctx32k,logits,tokens,moe_tiles,decode,suite")
+                        "batch8,ctx32k,logits,tokens,moe_tiles,mla_split,router,decode,suite")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     device = resolve_device("cpu" if args.dry_run else "cuda")
@@ -494,16 +573,22 @@ def main() -> int:
         if "moe_tiles" not in skip and device.type == "cuda":
             say("fused MoE tiles, DeepSeek-V2-Lite shapes, bf16:")
             section(results, "moe_tiles", moe_tiles, device)
+        bandwidth = copy_bandwidth(device) if device.type == "cuda" else 10 * GB
+        results["copy_bandwidth"] = bandwidth
+        if "mla_split" not in skip and device.type == "cuda":
+            say("MLA decode, least tiles per range, bf16, in a CUDA graph:")
+            section(results, "mla_split", mla_split, device, bandwidth)
+        if "router" not in skip and device.type == "cuda":
+            say("MoE router, one Triton launch vs torch, bf16, in a CUDA graph:")
+            section(results, "router", router, device)
         if "decode" not in skip:
-            bandwidth = copy_bandwidth(device) if device.type == "cuda" else 10 * GB
-            results["copy_bandwidth"] = bandwidth
             say(f"decode steps, {dtype}, 512-token prompts; copy bandwidth {bandwidth / GB:.0f} GB/s:")
             results["decode"] = {}
             for preset, batches in (("r1-distill-qwen-7b", (1, 8, 32)), ("deepseek-v2-lite", (8, 32))):
                 section(results["decode"], preset, decode_steps, preset, batches, 512, device, bandwidth, args.dry_run)
         if "suite" not in skip and not args.dry_run:
             say("suite items, full profile, collectors without the host heap:")
-            section(results, "suite", suite_items, device)
+            section(results, "suite", suite_items, device, args.suite_items.split(","))
     results["seconds"] = round(time.perf_counter() - t0, 1)
 
     say("")
@@ -528,6 +613,21 @@ def main() -> int:
         ok = r["equal"] == r["equal_eager"] == r["requests"]
         say(f"| tokens {preset} | | graphs {r['equal']}/{r['requests']}, eager {r['equal_eager']}/{r['requests']} "
             f"equal to hf | | | | | {ok} |")
+    if "mla_split" in results:
+        say("")
+        say("| MLA decode + merge | floor | min_tiles 1 | 2 | 4 | 8 |")
+        say("|---|---|---|---|---|---|")
+        for r in results["mla_split"]["rows"]:
+            say(f"| {r['shape']} | {r['floor_us']:.1f} us | " + " | ".join(
+                f"{r[f'min_tiles_{m}_us']:.1f} us ({r[f'min_tiles_{m}_us'] / r['floor_us']:.2f}x)" for m in (1, 2, 4, 8))
+                + " |")
+    if "router" in results:
+        say("")
+        say("| router | tokens | triton | torch | same experts |")
+        say("|---|---|---|---|---|")
+        for r in results["router"]["rows"]:
+            say(f"| {r['router']} | {r['tokens']} | {r['triton_us']:.1f} us | {r['torch_us']:.1f} us | "
+                f"{r['same_experts']} |")
     if "decode" in results:
         say("")
         say("| decode step | batch | floor | graphs (x floor, <= 1.5) | eager (x floor) | hf | hf / graphs "
