@@ -27,7 +27,7 @@ LOG2E = 1.4426950408889634
 PROBE_PROGRAMS = 1001
 # Tuned on the H200 (benchmarks/results/); maxnreg 168 fits 3 programs per multiprocessor, not 2.
 # min_tiles: tiles per range at least (kernels/work_split.py): a partial weighs as much as a tile.
-DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 4}
+DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 1}
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator over 8 warps); untuned.
 PREFILL_CONFIG = {"rows": 32, "block_n": 32, "num_warps": 8, "num_stages": 2}

@@ -1,16 +1,15 @@
-"""A mixture-of-experts router in one Triton launch: float32 logits, scores, the group limit, top-k and
-the routing weights of each token (torch runs ~9 small kernels per layer: two float casts, an sgemm,
-softmax, the top-k's passes, products; ~18 us of a V2-Lite decode layer on an H200).
+"""A mixture-of-experts router in two Triton launches: float32 logits, then per token the scores, the
+group limit, top-k and the routing weights (torch runs ~9 small kernels per layer: two float casts, an
+sgemm, softmax, the top-k's passes, products; ~22 us of a V2-Lite decode layer on an H200).
 
-One program per token: logits[e] = x . W[e] in float32 (the weights read from L2 after the first
-program), experts laid out [groups, experts per group] so the group limit is a reduction over rows.
+Logits: a program per (expert, 16 tokens), so the router's weights spread over the GPU. Routing: a program
+per token, experts laid out [groups, experts per group] so the group limit is a reduction over rows.
 Methods, as DeepSeek's presets name them (kernels/reference.py's route is the definition):
   greedy                softmax, top_k best experts (V2-Lite)
   group_limited_greedy  softmax, top_k among the topk_group groups of best expert (V2)
   noaux_tc              sigmoid + correction bias ranks, groups by the sum of their two best, top_k
                         among the topk_group best groups, weights = sigmoid scores, normalised (V3)
-Ties pick the lowest expert id. Above MAX_TOKENS tokens (a prefill) the logits are one float32 GEMM
-first, which the kernel reads instead of computing them.
+Ties pick the lowest expert id. Above MAX_TOKENS tokens (a prefill) the logits are one float32 GEMM.
 """
 import torch
 import triton
@@ -22,6 +21,7 @@ fix_triton_interpreter()
 
 METHODS = {"greedy": 0, "group_limited_greedy": 1, "noaux_tc": 2}
 MAX_TOKENS = 256  # above, torch's GEMM computes the logits once for all tokens
+LOGITS_TOKENS, LOGITS_K = 16, 256  # a [16 tokens, 256] float32 tile of products per step
 
 
 @triton.jit
@@ -36,35 +36,36 @@ def _best(values, valid, lowest, axis: tl.constexpr):
 
 
 @triton.jit
-def _logits(x_row, w_ptr, stride_w, expert, valid, HIDDEN: tl.constexpr, BLOCK_K: tl.constexpr,
-            GROUPS_PAD: tl.constexpr, PER_PAD: tl.constexpr):
-    """x . W[expert] in float32 for every expert of the [groups, per group] layout."""
-    logits = tl.zeros([GROUPS_PAD, PER_PAD], tl.float32)
+def _router_logits(x_ptr, w_ptr, logits_ptr, num_tokens, stride_x, stride_w, num_experts,
+                   HIDDEN: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """logits[t, e] = x[t] . W[e] in float32 for BLOCK_T tokens and one expert: a program per (expert, token
+    block) spreads the weights over the GPU (one program per token would stream them all through one SM)."""
+    e = tl.program_id(0)
+    tokens = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_mask = tokens < num_tokens
+    acc = tl.zeros([BLOCK_T, BLOCK_K], tl.float32)
     for k0 in range(0, HIDDEN, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < HIDDEN
-        x = tl.load(x_row + ks, mask=k_mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + expert[:, :, None] * stride_w + ks[None, None, :],
-                    mask=valid[:, :, None] & k_mask[None, None, :], other=0.0).to(tl.float32)
-        logits += tl.sum(w * x[None, None, :], 2)
-    return logits
+        x = tl.load(x_ptr + tokens.to(tl.int64)[:, None] * stride_x + ks[None, :],
+                    mask=t_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + e.to(tl.int64) * stride_w + ks, mask=k_mask, other=0.0).to(tl.float32)
+        acc += x * w[None, :]
+    tl.store(logits_ptr + tokens * num_experts + e, tl.sum(acc, 1), mask=t_mask)
 
 
 @triton.jit
-def _route(x_ptr, w_ptr, logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_x, stride_w, scaling,
-           HIDDEN: tl.constexpr, GROUPS: tl.constexpr, PER_GROUP: tl.constexpr,
+def _route(logits_ptr, bias_ptr, weights_ptr, ids_ptr, scaling, GROUPS: tl.constexpr, PER_GROUP: tl.constexpr,
            GROUPS_PAD: tl.constexpr, PER_PAD: tl.constexpr, TOP_K: tl.constexpr, TOP_K_PAD: tl.constexpr,
            TOPK_GROUP: tl.constexpr,
-           METHOD: tl.constexpr, NORMALISE: tl.constexpr, BLOCK_K: tl.constexpr, GIVEN_LOGITS: tl.constexpr):
+           METHOD: tl.constexpr, NORMALISE: tl.constexpr):
+    """One token's routing from its float32 logits."""
     t = tl.program_id(0).to(tl.int64)
     g = tl.arange(0, GROUPS_PAD)
     j = tl.arange(0, PER_PAD)
     expert = g[:, None] * PER_GROUP + j[None, :]
     valid = (g[:, None] < GROUPS) & (j[None, :] < PER_GROUP)
-    if GIVEN_LOGITS:  # a prefill's, from one GEMM
-        logits = tl.load(logits_ptr + t * GROUPS * PER_GROUP + expert, mask=valid, other=0.0)
-    else:
-        logits = _logits(x_ptr + t * stride_x, w_ptr, stride_w, expert, valid, HIDDEN, BLOCK_K, GROUPS_PAD, PER_PAD)
+    logits = tl.load(logits_ptr + t * GROUPS * PER_GROUP + expert, mask=valid, other=0.0)
 
     if METHOD == 2:
         scores = tl.sigmoid(logits)
@@ -114,15 +115,15 @@ def route(x, weight, bias, *, method, top_k, n_group, topk_group, normalise, sca
     ids = torch.empty(num_tokens, top_k, device=x.device, dtype=torch.int32)
     if num_tokens:
         assert x.stride(-1) == 1 and weight.stride(-1) == 1
-        groups_pad, per_pad = next_pow2(groups), next_pow2(per_group)
-        block_k = max(16, min(128, 8192 // (groups_pad * per_pad)))  # a [groups, per group, K] tile of ~8K
-        # a prefill: one GEMM for the logits (a program per token would read the weights once per token)
-        logits = torch.nn.functional.linear(x.float(), weight.float()) if num_tokens > MAX_TOKENS else None
-        _route[(num_tokens,)](x, weight, weights if logits is None else logits, weight if bias is None else bias,
-                              weights, ids, x.stride(0),
-                              weight.stride(0), float(scaling), HIDDEN=hidden, GROUPS=groups, PER_GROUP=per_group,
-                              GROUPS_PAD=groups_pad, PER_PAD=per_pad, TOP_K=top_k, TOP_K_PAD=next_pow2(top_k),
-                              TOPK_GROUP=topk_group,
-                              METHOD=METHODS[method], NORMALISE=normalise, BLOCK_K=block_k,
-                              GIVEN_LOGITS=logits is not None, num_warps=8)
+        if num_tokens > MAX_TOKENS:  # a prefill: one GEMM (a program per expert would re-read every token)
+            logits = torch.nn.functional.linear(x.float(), weight.float())
+        else:
+            logits = torch.empty(num_tokens, experts, device=x.device, dtype=torch.float32)
+            _router_logits[(experts, triton.cdiv(num_tokens, LOGITS_TOKENS))](
+                x, weight, logits, num_tokens, x.stride(0), weight.stride(0), experts,
+                HIDDEN=hidden, BLOCK_T=LOGITS_TOKENS, BLOCK_K=LOGITS_K, num_warps=4)
+        _route[(num_tokens,)](logits, weight if bias is None else bias, weights, ids, float(scaling),
+                              GROUPS=groups, PER_GROUP=per_group, GROUPS_PAD=next_pow2(groups),
+                              PER_PAD=next_pow2(per_group), TOP_K=top_k, TOP_K_PAD=next_pow2(top_k),
+                              TOPK_GROUP=topk_group, METHOD=METHODS[method], NORMALISE=normalise, num_warps=4)
     return weights, ids

@@ -35,7 +35,7 @@ def by_expert(weights, ids):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("tokens", [1, 5, 20])  # 20: two blocks of 16 tokens for the logits
 def test_same_experts_and_weights_as_the_reference(case, tokens):
     (w, ids), (ref_w, ref_ids) = route_both(case, tokens)
     assert ids.dtype == torch.int32 and w.dtype == torch.float32 and w.shape == ref_w.shape

@@ -13,7 +13,7 @@ import kernels
 
 from .config import ModelSpec
 from .context import StepContext
-from .layers import RMSNorm, Rotary
+from .layers import RMSNorm, Rotary, fused_linear
 
 
 class MLAttention(nn.Module):
@@ -35,12 +35,37 @@ class MLAttention(nn.Module):
         self.rotary = rotary
         self.scale = qk ** -0.5  # the loader sets the transformers module's (yarn mscale included)
         self.latent_cache = None  # [num_blocks, block_size, rank + rope], set by KVPool
+        self.q_kv_a_proj = None  # after fuse(): the query's first projection and kv_a_proj_with_mqa as one
+
+    def fuse(self) -> None:
+        """q_proj (or q_a_proj, with a query LoRA) and kv_a_proj_with_mqa read the same x: one product."""
+        first = self.q_proj if hasattr(self, "q_proj") else self.q_a_proj
+        if (first.bias is None) != (self.kv_a_proj_with_mqa.bias is None):
+            return
+        self.q_width = first.out_features
+        self.q_kv_a_proj = fused_linear(first, self.kv_a_proj_with_mqa)
+        del self.kv_a_proj_with_mqa
+        if hasattr(self, "q_proj"):
+            del self.q_proj
+        else:
+            del self.q_a_proj
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q [t, heads x (nope + rope)], the latent's projection [t, rank + rope])."""
+        if self.q_kv_a_proj is not None:
+            q, kv = self.q_kv_a_proj(x).split([self.q_width, self.rank + self.rope], dim=-1)
+        else:
+            q = self.q_proj(x) if hasattr(self, "q_proj") else self.q_a_proj(x)
+            kv = self.kv_a_proj_with_mqa(x)
+        if hasattr(self, "q_b_proj"):
+            q = self.q_b_proj(self.q_a_layernorm(q))
+        return q, kv
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         t, h = x.shape[0], self.heads
-        q = self.q_proj(x) if hasattr(self, "q_proj") else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q, kv = self._project(x)
         q_nope, q_pe = q.view(t, h, -1).split([self.nope, self.rope], dim=-1)
-        kv_c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
+        kv_c, k_pe = kv.split([self.rank, self.rope], dim=-1)
         q_pe = self.rotary.apply(q_pe, ctx.cos, ctx.sin)
         k_pe = self.rotary.apply(k_pe.reshape(t, 1, self.rope), ctx.cos, ctx.sin).view(t, self.rope)
         kernels.write_latent(torch.cat((self.kv_a_layernorm(kv_c), k_pe), dim=-1), self.latent_cache,
