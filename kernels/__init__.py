@@ -94,13 +94,14 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping):
     impl(key, value, k_cache, v_cache, slot_mapping)
 
 
-def write_latent(latent, latent_cache, slot_mapping):
-    """latent_cache at slot_mapping[t] <- latent[t] ([num_tokens, kv_lora_rank + qk_rope_head_dim])."""
-    if use_triton(latent):
+def write_latent(kv_a, norm_weight, eps, cos, sin, interleaved, latent_cache, slot_mapping):
+    """MLA's cache rows of new tokens from kv_a_proj_with_mqa's output [T, rank + rope]: the latent through
+    kv_a_layernorm (norm_weight, eps), the rope part rotated by cos/sin (as apply_rotary), at slot_mapping."""
+    if use_triton(kv_a):
         from .cache_write import write_latent as impl
     else:
         from .reference import write_latent as impl
-    impl(latent, latent_cache, slot_mapping)
+    impl(kv_a, norm_weight, eps, cos, sin, interleaved, latent_cache, slot_mapping)
 
 
 def route(x, weight, bias, *, method, top_k, n_group, topk_group, normalise, scaling):

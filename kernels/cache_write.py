@@ -3,12 +3,16 @@
 A slot is block_id * block_size + offset (Sequence.slot_mapping, harness/stacks/paged/sequence.py); a slot < 0 marks a
 padding token and is skipped. One program copies one token's row: all KV heads x head_dim of both
 K and V (one launch for the two caches; [num_kv_heads * head_dim] is contiguous in both the input
-and the cache), or the 576-wide latent for MLA.
+and the cache), or MLA's 576-wide latent row, which it makes from kv_a_proj_with_mqa's output on the way:
+the first kv_lora_rank columns normalised (kv_a_layernorm), the rope columns rotated (three launches
+and a concatenation fewer per layer).
 """
 import triton
 import triton.language as tl
 
 from .dispatch import fix_triton_interpreter, next_pow2
+from .norm import normalise
+from .rotary import load_pairs, rotate
 
 fix_triton_interpreter()
 
@@ -21,18 +25,33 @@ def _copy_row(src_ptr, dst_ptr, slot, stride_dst_block, stride_dst_slot, cols, m
 
 
 @triton.jit
-def _write_rows(
-    src_ptr, dst_ptr, slot_ptr,
-    stride_src_tok, stride_dst_block, stride_dst_slot,
-    BLOCK_SIZE: tl.constexpr, WIDTH: tl.constexpr, WIDTH_PAD: tl.constexpr,
+def _write_latent_rows(
+    kv_ptr, norm_w_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, eps,
+    stride_kv_tok, stride_cs, stride_c_block, stride_c_slot,
+    BLOCK_SIZE: tl.constexpr, RANK: tl.constexpr, RANK_PAD: tl.constexpr, HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
 ):
     tok = tl.program_id(0)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if slot < 0:
         return
-    cols = tl.arange(0, WIDTH_PAD)
-    _copy_row(src_ptr + tok * stride_src_tok, dst_ptr, slot, stride_dst_block, stride_dst_slot, cols, cols < WIDTH,
-              BLOCK_SIZE)
+    row = kv_ptr + tok.to(tl.int64) * stride_kv_tok
+    dst = cache_ptr + (slot // BLOCK_SIZE) * stride_c_block + (slot % BLOCK_SIZE) * stride_c_slot
+    dt = kv_ptr.dtype.element_ty
+    cache_dt = cache_ptr.dtype.element_ty
+    cols = tl.arange(0, RANK_PAD)
+    mask = cols < RANK
+    latent = normalise(tl.load(row + cols, mask=mask, other=0.0), tl.load(norm_w_ptr + cols, mask=mask, other=0.0),
+                       eps, RANK)
+    tl.store(dst + cols, latent.to(dt).to(cache_dt), mask=mask)
+    i = tl.arange(0, HALF_PAD)
+    pairs = i < HALF
+    x1, x2 = load_pairs(row + RANK, i, pairs, HALF, INTERLEAVED)
+    c = tl.load(cos_ptr + tok * stride_cs + i, mask=pairs, other=0.0)
+    s = tl.load(sin_ptr + tok * stride_cs + i, mask=pairs, other=0.0)
+    o1, o2 = rotate(x1, x2, c, s, dt, INTERLEAVED)
+    tl.store(dst + RANK + i, o1.to(dt).to(cache_dt), mask=pairs)
+    tl.store(dst + RANK + HALF + i, o2.to(dt).to(cache_dt), mask=pairs)
 
 
 @triton.jit
@@ -66,20 +85,6 @@ def _warps(width: int) -> int:
     return 4 if width <= 2048 else 8
 
 
-def _write(src, cache, slot_mapping) -> None:
-    """src [num_tokens, *row] -> cache [num_blocks, block_size, *row] at slot_mapping."""
-    num_tokens = src.shape[0]
-    if num_tokens == 0:
-        return
-    src = _rows(src, cache)
-    width = src.shape[1]
-    _write_rows[(num_tokens,)](
-        src, cache, slot_mapping,
-        src.stride(0), cache.stride(0), cache.stride(1),
-        BLOCK_SIZE=cache.shape[1], WIDTH=width, WIDTH_PAD=next_pow2(width), num_warps=_warps(width),
-    )
-
-
 def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     """key/value [num_tokens, num_kv_heads, head_dim] -> k_cache/v_cache at slot_mapping, one launch."""
     num_tokens = key.shape[0]
@@ -94,6 +99,20 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     )
 
 
-def write_latent(latent, latent_cache, slot_mapping) -> None:
-    """latent [num_tokens, kv_lora_rank + qk_rope_head_dim] -> latent_cache at slot_mapping."""
-    _write(latent, latent_cache, slot_mapping)
+def write_latent(kv_a, norm_weight, eps, cos, sin, interleaved, latent_cache, slot_mapping) -> None:
+    """kv_a [num_tokens, rank + rope] (kv_a_proj_with_mqa's output, unit stride in a row) -> latent_cache
+    [blocks, block_size, rank + rope] at slot_mapping: [kv_a_layernorm(kv_c), rotary(k_pe)]. cos/sin
+    [num_tokens, rope / 2] as for kernels.apply_rotary."""
+    num_tokens, width = kv_a.shape
+    if num_tokens == 0:
+        return
+    half = cos.shape[-1]
+    rank = width - 2 * half
+    assert kv_a.stride(-1) == 1 and cos.stride() == sin.stride() and latent_cache.shape[-1] == width
+    assert latent_cache[0, 0].is_contiguous(), "cache rows must be contiguous"
+    _write_latent_rows[(num_tokens,)](
+        kv_a, norm_weight, cos, sin, latent_cache, slot_mapping, eps,
+        kv_a.stride(0), cos.stride(0), latent_cache.stride(0), latent_cache.stride(1),
+        BLOCK_SIZE=latent_cache.shape[1], RANK=rank, RANK_PAD=next_pow2(rank), HALF=half, HALF_PAD=next_pow2(half),
+        INTERLEAVED=interleaved, num_warps=4,
+        enable_fp_fusion=False)  # the rotary's float32 roundings, as kernels/rotary.py

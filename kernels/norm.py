@@ -13,6 +13,15 @@ fix_triton_interpreter()
 
 
 @triton.jit
+def normalise(x, w, eps, WIDTH: tl.constexpr):
+    """transformers' RMSNorm of one row x (padding zeros) in x's dtype: float32 statistics, the normalised
+    row rounded to the dtype before the weight multiplies it. Returns float32 holding dtype values."""
+    h = x.to(tl.float32)
+    h = h * tl.rsqrt(tl.sum(h * h, 0) / WIDTH + eps)
+    return w.to(tl.float32) * h.to(x.dtype).to(tl.float32)
+
+
+@triton.jit
 def _rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_res, stride_out, eps,
               WIDTH: tl.constexpr, WIDTH_PAD: tl.constexpr, ADD_RESIDUAL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -23,10 +32,7 @@ def _rms_norm(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_res, stride_out, 
         x = (x.to(tl.float32) + tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0).to(tl.float32))
         x = x.to(x_ptr.dtype.element_ty)
         tl.store(x_ptr + row * stride_x + cols, x, mask=mask)
-    h = x.to(tl.float32)
-    h = h * tl.rsqrt(tl.sum(h * h, 0) / WIDTH + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    out = w.to(tl.float32) * h.to(x_ptr.dtype.element_ty).to(tl.float32)
+    out = normalise(x, tl.load(w_ptr + cols, mask=mask, other=0.0), eps, WIDTH)
     tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -13,15 +13,24 @@ def _gather(cache: torch.Tensor, block_row: torch.Tensor, length: int) -> torch.
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     """k_cache[slot] = key[t] for every token t with slot_mapping[t] >= 0 (same for V)."""
-    write_latent(key, k_cache, slot_mapping)
-    write_latent(value, v_cache, slot_mapping)
+    _write_rows(key, k_cache, slot_mapping)
+    _write_rows(value, v_cache, slot_mapping)
 
 
-def write_latent(latent, cache, slot_mapping) -> None:
+def write_latent(kv_a, norm_weight, eps, cos, sin, interleaved, cache, slot_mapping) -> None:
+    """MLA: the cache rows of new tokens from kv_a_proj_with_mqa's output [T, rank + rope]: the latent
+    normalised (kv_a_layernorm), the rope part rotated, side by side."""
+    rank = kv_a.shape[1] - 2 * cos.shape[-1]
+    kv_c, k_pe = kv_a.split([rank, kv_a.shape[1] - rank], dim=-1)
+    k_pe = rotary(k_pe.reshape(k_pe.shape[0], 1, -1), cos, sin, interleaved)[:, 0]
+    _write_rows(torch.cat((rms_norm(kv_c, norm_weight, eps), k_pe), dim=-1), cache, slot_mapping)
+
+
+def _write_rows(rows, cache, slot_mapping) -> None:
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     block_size = cache.shape[1]
-    cache[slots // block_size, slots % block_size] = latent[keep].to(cache.dtype)
+    cache[slots // block_size, slots % block_size] = rows[keep].to(cache.dtype)
 
 
 def _attend(q, k, v, scale, mask=None):

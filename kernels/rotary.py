@@ -14,23 +14,8 @@ fix_triton_interpreter()
 
 
 @triton.jit
-def _rotary(x_ptr, cos_ptr, sin_ptr, out_ptr, stride_x_tok, stride_x_head, stride_cs, stride_o_tok, stride_o_head,
-            HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
-            INTERLEAVED: tl.constexpr):
-    tok = tl.program_id(0).to(tl.int64)
-    heads = tl.arange(0, HEADS_PAD)
-    i = tl.arange(0, HALF_PAD)
-    mask = (heads < HEADS)[:, None] & (i < HALF)[None, :]
-    row = x_ptr + tok * stride_x_tok + heads[:, None] * stride_x_head
-    if INTERLEAVED:
-        x1 = tl.load(row + 2 * i[None, :], mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(row + 2 * i[None, :] + 1, mask=mask, other=0.0).to(tl.float32)
-    else:
-        x1 = tl.load(row + i[None, :], mask=mask, other=0.0)
-        x2 = tl.load(row + HALF + i[None, :], mask=mask, other=0.0)
-    c = tl.load(cos_ptr + tok * stride_cs + i, mask=i < HALF, other=0.0)[None, :]
-    s = tl.load(sin_ptr + tok * stride_cs + i, mask=i < HALF, other=0.0)[None, :]
-    dt = out_ptr.dtype.element_ty
+def rotate(x1, x2, c, s, dt, INTERLEAVED: tl.constexpr):
+    """The rotated halves (o1, o2) of pairs (x1, x2) by cos c and sin s, in the roundings of the layout."""
     if INTERLEAVED:
         o1 = x1 * c - x2 * s
         o2 = x2 * c + x1 * s
@@ -41,6 +26,35 @@ def _rotary(x_ptr, cos_ptr, sin_ptr, out_ptr, stride_x_tok, stride_x_head, strid
         x1s = (x1.to(tl.float32) * s.to(tl.float32)).to(dt).to(tl.float32)
         o1 = x1c - x2s
         o2 = x2c + x1s
+    return o1, o2
+
+
+@triton.jit
+def load_pairs(row, i, mask, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """(x1, x2) of a row's rotary dims: (even, odd) in float32 if interleaved, else the halves as stored."""
+    if INTERLEAVED:
+        x1 = tl.load(row + 2 * i, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(row + 2 * i + 1, mask=mask, other=0.0).to(tl.float32)
+    else:
+        x1 = tl.load(row + i, mask=mask, other=0.0)
+        x2 = tl.load(row + HALF + i, mask=mask, other=0.0)
+    return x1, x2
+
+
+@triton.jit
+def _rotary(x_ptr, cos_ptr, sin_ptr, out_ptr, stride_x_tok, stride_x_head, stride_cs, stride_o_tok, stride_o_head,
+            HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+            INTERLEAVED: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    heads = tl.arange(0, HEADS_PAD)
+    i = tl.arange(0, HALF_PAD)
+    mask = (heads < HEADS)[:, None] & (i < HALF)[None, :]
+    x1, x2 = load_pairs(x_ptr + tok * stride_x_tok + heads[:, None] * stride_x_head, i[None, :], mask, HALF,
+                        INTERLEAVED)
+    c = tl.load(cos_ptr + tok * stride_cs + i, mask=i < HALF, other=0.0)[None, :]
+    s = tl.load(sin_ptr + tok * stride_cs + i, mask=i < HALF, other=0.0)[None, :]
+    dt = out_ptr.dtype.element_ty
+    o1, o2 = rotate(x1, x2, c, s, dt, INTERLEAVED)
     out = out_ptr + tok * stride_o_tok + heads[:, None] * stride_o_head + i[None, :]
     tl.store(out, o1.to(dt), mask=mask)
     tl.store(out + HALF, o2.to(dt), mask=mask)

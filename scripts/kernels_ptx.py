@@ -91,8 +91,9 @@ def launches() -> dict[str, tuple]:
             0.072, max_q_len=8, config=mla.PREFILL_CONFIG),
         "write kv": lambda: cache_write.write_kv(torch.randn(4, 2, 128, dtype=bf16), torch.randn(4, 2, 128, dtype=bf16),
                                                  k, v, torch.arange(4, dtype=torch.int64)),
-        "write latent": lambda: cache_write.write_latent(torch.randn(4, 576, dtype=bf16), latent,
-                                                         torch.arange(4, dtype=torch.int64)),
+        "write latent (normalised, rotated)": lambda: cache_write.write_latent(
+            torch.randn(4, 576, dtype=bf16), torch.randn(512, dtype=bf16), 1e-6, torch.randn(4, 32), torch.randn(4, 32),
+            True, latent, torch.arange(4, dtype=torch.int64)),
         "rms norm + residual 3584": lambda: norm.rms_norm(
             torch.randn(4, 3584, dtype=bf16), torch.randn(3584, dtype=bf16), 1e-6,
             residual=torch.randn(4, 3584, dtype=bf16)),

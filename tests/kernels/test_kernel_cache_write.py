@@ -35,15 +35,40 @@ def test_write_kv(block_size, dtype):
     assert k_cache.flatten(0, 1).isnan().all(-1).all(-1).sum() == 5 * block_size - len(written)
 
 
-def test_write_latent_casts_to_the_cache_dtype():
-    gen = torch.Generator().manual_seed(0)
-    cache = torch.full((4, 16, 576), float("nan"), dtype=torch.bfloat16)
-    latent = randn(gen, 9, 576)  # fp32 activations into a bf16 cache
-    slot_mapping = slots(gen, 9, 64)
-    kernels.write_latent(latent, cache, slot_mapping)
+def latent_case(gen, tokens, rank, rope, dtype, cache_dtype, block_size=16, blocks=4):
+    """kv_a_proj's output as a view into a wider projection (as the fused q + kv_a product leaves it)."""
+    wide = randn(gen, tokens, 24 + rank + rope, dtype=dtype)
+    kv_a = wide[:, 24:]
+    angles = torch.rand(tokens, rope // 2, generator=gen) * 6.3
+    norm_w = (torch.rand(rank, generator=gen) + 0.5).to(dtype)
+    cache = torch.full((blocks, block_size, rank + rope), float("nan"), dtype=cache_dtype)
+    return kv_a, norm_w, angles.cos(), angles.sin(), cache, slots(gen, tokens, blocks * block_size)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_write_latent_normalises_and_rotates_into_the_slots(interleaved):
+    """float32: every written slot holds the reference's [rms_norm(kv_c), rotary(k_pe)]: the rotated part bit
+    for bit, the normalised part to float32 rounding (its sum of squares adds in another order)."""
+    gen = torch.Generator().manual_seed(int(interleaved))
+    kv_a, norm_w, cos, sin, cache, slot_mapping = latent_case(gen, 9, 48, 16, torch.float32, torch.float32)
+    kernels.write_latent(kv_a, norm_w, 1e-6, cos, sin, interleaved, cache, slot_mapping)
     ref = torch.full_like(cache, float("nan"))
-    reference.write_latent(latent, ref, slot_mapping)
-    assert torch.equal(cache.nan_to_num(7.0), ref.nan_to_num(7.0))
+    reference.write_latent(kv_a, norm_w, 1e-6, cos, sin, interleaved, ref, slot_mapping)
+    assert torch.equal(cache[..., 48:].nan_to_num(7.0), ref[..., 48:].nan_to_num(7.0))
+    assert torch.allclose(cache[..., :48].nan_to_num(7.0), ref[..., :48].nan_to_num(7.0), rtol=1e-6, atol=1e-6)
+    written = slot_mapping[slot_mapping >= 0]
+    assert cache.flatten(0, 1).isnan().all(-1).sum() == cache.shape[0] * cache.shape[1] - len(written)
+
+
+def test_write_latent_bf16_deepseek_widths():
+    """Within two bf16 roundings (the interpreter truncates where the GPU rounds to nearest even)."""
+    gen = torch.Generator().manual_seed(5)
+    kv_a, norm_w, cos, sin, cache, slot_mapping = latent_case(gen, 7, 512, 64, torch.bfloat16, torch.bfloat16)
+    kernels.write_latent(kv_a, norm_w, 1e-6, cos, sin, True, cache, slot_mapping)
+    ref = torch.full_like(cache, float("nan"))
+    reference.write_latent(kv_a, norm_w, 1e-6, cos, sin, True, ref, slot_mapping)
+    assert torch.equal(cache.isnan(), ref.isnan())
+    assert torch.allclose(cache.float().nan_to_num(7.0), ref.float().nan_to_num(7.0), rtol=2e-2, atol=1e-2)
 
 
 def test_keys_split_from_a_fused_qkv_projection():

@@ -65,10 +65,9 @@ class MLAttention(nn.Module):
         t, h = x.shape[0], self.heads
         q, kv = self._project(x)
         q_nope, q_pe = q.view(t, h, -1).split([self.nope, self.rope], dim=-1)
-        kv_c, k_pe = kv.split([self.rank, self.rope], dim=-1)
         q_pe = self.rotary.apply(q_pe, ctx.cos, ctx.sin)
-        k_pe = self.rotary.apply(k_pe.reshape(t, 1, self.rope), ctx.cos, ctx.sin).view(t, self.rope)
-        kernels.write_latent(torch.cat((self.kv_a_layernorm(kv_c), k_pe), dim=-1), self.latent_cache,
+        norm = self.kv_a_layernorm  # the latent normalised, its rope part rotated, into the cache: one launch
+        kernels.write_latent(kv, norm.weight, norm.eps, ctx.cos, ctx.sin, self.rotary.interleaved, self.latent_cache,
                              ctx.slot_mapping)
         w = self.kv_b_proj.weight.view(h, self.nope + self.v_dim, self.rank)
         q_latent = torch.bmm(q_nope.transpose(0, 1), w[:, :self.nope]).transpose(0, 1)  # [t, h, rank]
