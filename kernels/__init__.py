@@ -115,16 +115,17 @@ def route(x, weight, bias, *, method, top_k, n_group, topk_group, normalise, sca
                 normalise=normalise, scaling=scaling)
 
 
-def fused_moe(x, gate_up, down, weights, ids, shared=None):
-    """The routed experts of a MoE layer: each token through its top_k experts' gated MLPs, weighted.
-    x [T, hidden]; gate_up [experts, 2 x inter, hidden]; down [experts, hidden, inter]; weights [T, top_k]
-    float32 (routing weights, scaling included); ids [T, top_k]; shared [T, hidden] (the shared experts'
-    output) or None. Returns [T, hidden] in x's dtype: the routed sum, rounded, plus shared."""
+def fused_moe(x, gate_up, down, weights, ids, shared_gate_up=None, shared_down=None):
+    """The experts of a MoE layer: each token through its top_k experts' gated MLPs, weighted, plus the shared
+    experts' gated MLP. x [T, hidden]; gate_up [experts, 2 x inter, hidden]; down [experts, hidden, inter];
+    weights [T, top_k] float32 (routing weights, scaling included); ids [T, top_k]; shared_gate_up
+    [2 x S x inter, hidden] (S gate blocks, then S up blocks) and shared_down [hidden, S x inter], or None.
+    Returns [T, hidden] in x's dtype."""
     if use_triton(x):
         from .moe import fused_moe as impl
     else:
         from .reference import fused_moe as impl
-    return impl(x, gate_up, down, weights, ids, shared)
+    return impl(x, gate_up, down, weights, ids, shared_gate_up, shared_down)
 
 
 def rms_norm(x, weight, eps, residual=None):

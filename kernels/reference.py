@@ -141,10 +141,11 @@ def _best_groups(group_scores, topk_group, experts) -> torch.Tensor:
     return keep.repeat_interleave(experts // group_scores.shape[1], dim=1)
 
 
-def fused_moe(x, gate_up, down, weights, ids, shared=None) -> torch.Tensor:
+def fused_moe(x, gate_up, down, weights, ids, shared_gate_up=None, shared_down=None) -> torch.Tensor:
     """Routed experts: picks grouped by expert (one sort), each expert's rows through its gated MLP,
-    weighted and added to their tokens. x [T, hidden]; gate_up [E, 2 x inter, hidden]; down [E, hidden,
-    inter]; weights [T, top_k] float32; ids [T, top_k]. One Python loop over experts (a host sync)."""
+    weighted and added to their tokens; then the shared experts' gated MLP (fused gate and up rows) added,
+    as transformers adds it. x [T, hidden]; gate_up [E, 2 x inter, hidden]; down [E, hidden, inter];
+    weights [T, top_k] float32; ids [T, top_k]. One Python loop over experts (a host sync)."""
     import torch.nn.functional as F
 
     top_k = ids.shape[1]
@@ -162,8 +163,8 @@ def fused_moe(x, gate_up, down, weights, ids, shared=None) -> torch.Tensor:
         h = F.linear(F.silu(gate) * up, down[expert])
         out.index_add_(0, rows, (h * weights.flatten()[picks, None]).to(out.dtype))
         start += n
-    if shared is not None:
-        out += shared
+    if shared_gate_up is not None:
+        out += F.linear(silu_mul_(F.linear(x, shared_gate_up)), shared_down)
     return out
 
 

@@ -75,7 +75,8 @@ def _route(logits_ptr, bias_ptr, weights_ptr, ids_ptr, scaling, GROUPS: tl.const
         best2 = tl.max(tl.where(valid & (j[None, :] != first[:, None]), rank, float("-inf")), 1)
         group_score = best1 + best2
     else:
-        e = tl.exp(tl.where(valid, logits, float("-inf")) - tl.max(tl.max(tl.where(valid, logits, float("-inf")), 1), 0))
+        masked = tl.where(valid, logits, float("-inf"))
+        e = tl.exp(masked - tl.max(tl.max(masked, 1), 0))
         scores = e / tl.sum(tl.sum(e, 1), 0)
         rank = scores
         group_score = tl.max(tl.where(valid, scores, float("-inf")), 1)

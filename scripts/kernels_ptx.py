@@ -102,10 +102,10 @@ def launches() -> dict[str, tuple]:
         "rotary interleaved 16 x 64": lambda: rotary.rotary(torch.randn(4, 16, 64, dtype=bf16), torch.randn(4, 32),
                                                             torch.randn(4, 32), True),
         "silu * up 18944": lambda: activation.silu_mul_(torch.randn(4, 2 * 18944, dtype=bf16)),
-        "moe 8 experts, top 2": lambda: moe.fused_moe(
+        "moe 8 experts, top 2, 2 shared": lambda: moe.fused_moe(
             torch.randn(5, 256, dtype=bf16), torch.randn(8, 2 * 96, 256, dtype=bf16),
             torch.randn(8, 256, 96, dtype=bf16), torch.rand(5, 2), torch.randint(0, 8, (5, 2)),
-            torch.randn(5, 256, dtype=bf16), config=GPU_MOE_TILES),
+            torch.randn(2 * 2 * 96, 256, dtype=bf16), torch.randn(256, 2 * 96, dtype=bf16), config=GPU_MOE_TILES),
         "router greedy 64 experts, top 6": lambda: router.route(
             torch.randn(4, 2048, dtype=bf16), torch.randn(64, 2048, dtype=bf16), None, method="greedy", top_k=6,
             n_group=1, topk_group=1, normalise=False, scaling=1.0),

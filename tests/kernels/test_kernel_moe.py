@@ -33,21 +33,36 @@ def test_fused_moe_matches_reference(tokens, experts, top_k, skew, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_shared_experts_output_added_to_the_routed_sum(dtype):
-    """out = (sum of picks, rounded) + shared, the reference's `out += shared`. (Exact in float32 only:
-    the interpreter's bf16 casts do not round ties to even as the GPU's do.)"""
+@pytest.mark.parametrize("shared", [1, 2])
+def test_shared_experts_run_as_experts_every_token_picks(shared, dtype):
+    """The shared experts' gated MLP (fused gate/up rows: S gate blocks, then S up blocks) through the same
+    kernels as S more picks of weight 1: the reference adds it after the routed sum, as transformers does."""
     dt = DTYPES[dtype]
-    gen = torch.Generator().manual_seed(3)
-    x = randn(gen, 6, 48, dtype=dt)
-    gate_up = (randn(gen, 8, 80, 48) / 7).to(dt)
-    down = (randn(gen, 8, 48, 40) / 6).to(dt)
-    shared = randn(gen, 6, 48, dtype=dt)
+    gen = torch.Generator().manual_seed(3 + shared)
+    hidden, inter = 48, 40
+    x = randn(gen, 6, hidden, dtype=dt)
+    gate_up = (randn(gen, 8, 2 * inter, hidden) / 7).to(dt)
+    down = (randn(gen, 8, hidden, inter) / 6).to(dt)
+    shared_gate_up = (randn(gen, 2 * shared * inter, hidden) / 7).to(dt)
+    shared_down = (randn(gen, hidden, shared * inter) / 6).to(dt)
     weights, ids = routed(gen, 6, 8, 2, 8)
-    with_shared = moe.fused_moe(x, gate_up, down, weights, ids, shared)
-    if dt == torch.float32:
-        assert torch.equal(with_shared, moe.fused_moe(x, gate_up, down, weights, ids) + shared)
-    assert_close(with_shared,
-                 reference.fused_moe(x.float(), gate_up.float(), down.float(), weights, ids, shared.float()))
+    out = moe.fused_moe(x, gate_up, down, weights, ids, shared_gate_up, shared_down)
+    ref = reference.fused_moe(x.float(), gate_up.float(), down.float(), weights, ids, shared_gate_up.float(),
+                              shared_down.float())
+    assert_close(out, ref)
+    routed_only = reference.fused_moe(x.float(), gate_up.float(), down.float(), weights, ids)
+    assert (ref - routed_only).abs().max() > 0.1  # the shared part is not negligible: the test can fail
+
+
+def test_shared_experts_in_a_prefill_sized_batch_take_torch_sort(monkeypatch):
+    monkeypatch.setattr(moe, "ONE_PROGRAM_SORT_PICKS", 8)
+    gen = torch.Generator().manual_seed(9)
+    x = randn(gen, 5, 32)
+    gate_up, down = randn(gen, 4, 64, 32) / 6, randn(gen, 4, 32, 32) / 6
+    shared_gate_up, shared_down = randn(gen, 64, 32) / 6, randn(gen, 32, 32) / 6
+    weights, ids = routed(gen, 5, 4, 2, 4)
+    assert_close(moe.fused_moe(x, gate_up, down, weights, ids, shared_gate_up, shared_down),
+                 reference.fused_moe(x, gate_up, down, weights, ids, shared_gate_up, shared_down))
 
 
 def test_tall_row_tiles_when_experts_get_many_picks():
@@ -66,6 +81,14 @@ def test_sort_picks_groups_by_expert():
     assert offsets.tolist() == [0, 2, 3, 4, 6, 6]  # expert 4: no picks
     assert ids.flatten()[order].tolist() == [0, 0, 1, 2, 3, 3]
     assert order.tolist() == [1, 2, 5, 3, 0, 4]  # stable: picks of one expert in token order
+
+
+def test_sort_picks_adds_each_tokens_shared_picks():
+    """Two shared experts (5 and 6): picks 2, 3 of each token's four, after its two routed ones."""
+    ids = torch.tensor([[3, 0], [0, 2], [3, 1]])
+    order, offsets = moe.sort_picks(ids, 5, shared=2)
+    assert offsets.tolist() == [0, 2, 3, 4, 6, 6, 9, 12]
+    assert order.tolist() == [1, 4, 9, 5, 0, 8, 2, 6, 10, 3, 7, 11]
 
 
 @pytest.mark.parametrize("tokens,experts", [(70, 64), (9, 160), (700, 8)])

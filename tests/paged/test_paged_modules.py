@@ -50,3 +50,6 @@ def test_router_and_moe_match_transformers(method):
         assert torch.equal(order_hf.values, order.values)
         torch.testing.assert_close(weights.gather(1, order.indices), hf_weights.gather(1, order_hf.indices))
         torch.testing.assert_close(ours(x), hf(x[None])[0], rtol=1e-5, atol=1e-5)
+        ours.shared_experts.fuse()  # the shared experts then run inside kernels.fused_moe
+        assert ours.shared_experts.fused_weights() is not None
+        torch.testing.assert_close(ours(x), hf(x[None])[0], rtol=1e-5, atol=1e-5)

@@ -50,6 +50,13 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = fused_linear(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 
+    def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(gate_up [2 x intermediate, hidden], down [hidden, intermediate]) once fused and without biases:
+        what kernels.fused_moe runs as shared experts; else None."""
+        if self.gate_up_proj is None or self.gate_up_proj.bias is not None or self.down_proj.bias is not None:
+            return None
+        return self.gate_up_proj.weight, self.down_proj.weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
             h = F.silu(self.gate_proj(x), inplace=True)

@@ -66,9 +66,10 @@ class CausalLM(nn.Module):
 
     def fuse_projections(self) -> None:
         """q/k/v into one projection (MLA: the query's first projection and the latent's), gate/up into one
-        (dense MLPs, shared experts), layer by layer: one matrix product where there were three (two). The concatenated copy of a layer is made while
-        its originals are still held, and on CUDA the originals' memory goes back to the driver before
-        the next layer, so the transient is one layer's projections (in gpu.reserved too)."""
+        (dense MLPs, shared experts), layer by layer: one matrix product where there were three (two). The
+        concatenated copy of a layer is made while its originals are still held, and on CUDA the originals'
+        memory goes back to the driver before the next layer, so the transient is one layer's projections
+        (in gpu.reserved too)."""
         for layer in self.model.layers:
             if isinstance(layer.self_attn, (Attention, MLAttention)):
                 layer.self_attn.fuse()

@@ -40,10 +40,10 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(spec.n_routed_experts, spec.hidden, spec.moe_intermediate))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, shared=None) -> torch.Tensor:
-        """Picks sorted by expert: the fused Triton kernels on CUDA (no host sync; the picks' sum and the
-        shared experts' output `shared` added in one launch), the torch reference (a loop over experts) on
+        """Picks sorted by expert: the fused Triton kernels on CUDA (no host sync; the shared experts' weights
+        `shared`, if given, as more experts every token picks), the torch reference (a loop over experts) on
         the CPU."""
-        return kernels.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids, shared)
+        return kernels.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids, *(shared or (None, None)))
 
 
 class MoE(nn.Module):
@@ -56,5 +56,8 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
-        shared = self.shared_experts(x) if self.shared_experts is not None else None
-        return self.experts(x, weights, ids, shared)
+        shared = self.shared_experts
+        fused = shared.fused_weights() if shared is not None else None
+        if fused is not None or shared is None:
+            return self.experts(x, weights, ids, fused)
+        return self.experts(x, weights, ids).add_(shared(x))  # unfused: transformers' order

@@ -38,8 +38,9 @@ class Workspace:
                 f"{self.budget_tokens} tokens per forward pass: {parts}")
 
 
-def per_token_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
-    """Widest point of any layer, per token in the batch."""
+def per_token_bytes(spec: ModelSpec, dtype_bytes: int, shared_as_experts: bool = False) -> int:
+    """Widest point of any layer, per token in the batch. shared_as_experts: the Triton MoE kernels run the
+    shared experts as more picks of every token (kernels/moe.py), in the routed buffers."""
     e, h = dtype_bytes, spec.hidden
     residual = 2 * h * e  # the layer's input (still held by the caller) and the new residual
     norm = 2 * h * 4 + h * e  # float32 copy and its scaled copy, then the cast result
@@ -54,7 +55,7 @@ def per_token_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
         attn = h * e + 4 * q + 6 * kv + q + h * e  # normed input, q/k/v and their rotation, output, o_proj
     mlp = h * e + 2 * spec.intermediate * e + h * e  # normed input, gate (activated in place), up, down
     if spec.n_routed_experts:
-        k, i = spec.top_k, spec.moe_intermediate
+        k, i = spec.top_k + (spec.n_shared_experts if shared_as_experts else 0), spec.moe_intermediate
         routed = k * (2 * h * e + 3 * i * e + h * 4)  # worst case: one expert takes every pick of the batch
         router = 3 * spec.n_routed_experts * 4 + h * 4
         shared = 2 * i * spec.n_shared_experts * e + h * e
@@ -70,7 +71,8 @@ def declare(spec: ModelSpec, cfg: EngineConfig, requests, dtype_bytes: int, mult
     longest = max(n + r.max_new_tokens for n, r in zip(inputs, requests))
     seqs = min(cfg.max_num_seqs, len(requests), budget)
     ws = Workspace(budget)
-    ws.parts["layer activations"] = budget * per_token_bytes(spec, dtype_bytes)
+    layer = per_token_bytes(spec, dtype_bytes, shared_as_experts=bool(multiprocessors))
+    ws.parts["layer activations"] = budget * layer
     ws.parts["logits"] = seqs * (spec.vocab * (dtype_bytes + 4) + spec.hidden * dtype_bytes * 2)
     if multiprocessors:
         width = spec.kv_lora_rank if spec.mla else spec.head_dim
