@@ -25,8 +25,8 @@ transformers, first-step logits against stock in bf16, and token equality on the
 5. Suite items (section `suite`), full profile, collectors without the host heap, hf (warmed up) and paged:
    r1-staggered-finish and v2-lite-mixed (--suite-items: others). Bar: paged tokens/s >= 3x hf; peak above
    weights within 1.3x of (KV floor + declared workspace).
-6. Kernel sweeps before the decode section: MLA decode's least tiles per range (section `mla_split`, the
-   fastest becomes the default for the run) and the one-launch MoE router against torch's (section `router`).
+6. Kernel sweeps before the decode section: MLA decode's least tiles per range (section `mla_split`) and the
+   two-launch MoE router against torch's (section `router`).
 Writes paged_h200.json and paged_h200.log to DIR ($OUT on the device machine); prints a short table last.
 """
 import argparse
@@ -412,8 +412,8 @@ def mla_split(device, bandwidth) -> dict:
     of its partials as the engine runs them: in a CUDA graph, one call per layer over as many layers' caches as
     make 160 MB (more than the 50 MB L2: each layer's latent is read cold, as in a decode step; one small
     cache looped over reads from L2, and timing calls one by one times the host), the queries laid out as the
-    engine's absorbed projection leaves them, against the KV-bytes floor. The fastest summed over the V2-Lite
-    decode shapes becomes kernels.mla.DEFAULT_CONFIG's min_tiles for the sections after this."""
+    engine's absorbed projection leaves them, against the KV-bytes floor. Reported only: the best differs by
+    shape (the decode section runs kernels.mla.DEFAULT_CONFIG)."""
     from kernels import mla
 
     gen = torch.Generator(device=device).manual_seed(0)
@@ -443,12 +443,7 @@ def mla_split(device, bandwidth) -> dict:
         rows.append(row)
         say("  mla split", json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))
         del cache, caches
-    lite = [r for r in rows if r["shape"].startswith("v2-lite b")]
-    best = min((1, 2, 4, 8), key=lambda m: sum(r[f"min_tiles_{m}_us"] for r in lite))
-    say(f"  mla split: min_tiles {best} fastest over the V2-Lite shapes "
-        f"(default was {mla.DEFAULT_CONFIG['min_tiles']})")
-    mla.DEFAULT_CONFIG["min_tiles"] = best
-    return {"rows": rows, "best_min_tiles": best}
+    return {"rows": rows, "default_min_tiles": mla.DEFAULT_CONFIG["min_tiles"]}
 
 
 def graph_time(fn, replays: int = 20) -> float:

@@ -26,8 +26,10 @@ LOG2E = 1.4426950408889634
 # kernel (a different, smaller kernel), and one divisible by 16 gets other alignment hints.
 PROBE_PROGRAMS = 1001
 # Tuned on the H200 (benchmarks/results/); maxnreg 168 fits 3 programs per multiprocessor, not 2.
-# min_tiles: tiles per range at least (kernels/work_split.py): a partial weighs as much as a tile.
-DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 1}
+# min_tiles: tiles per range at least (kernels/work_split.py): a partial weighs as much as a tile. 2: the
+# fastest for a V2-Lite decode step's batch of 8 x 550 tokens (paged_h200 mla_split, cold latent per layer:
+# 20.6 us per layer against 24.1 at 1 and 33.8 at 8; one 64K sequence prefers 8: issue 14's kernel work).
+DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 2}
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator over 8 warps); untuned.
 PREFILL_CONFIG = {"rows": 32, "block_n": 32, "num_warps": 8, "num_stages": 2}
