@@ -181,7 +181,8 @@ def measure_rank(workload, stack: str, device, options, rank: int, port: int) ->
     except Exception:  # noqa: BLE001 - measure() reports the skip (or the failure) as it always does
         return measure(workload, stack, device, options)
     init_rank(rank, workload.tensor_parallel, port, device)
-    return finish_rank(measure(workload, stack, device, options), workload.tensor_parallel)
+    latent = bool(workload.model_config().get("kv_lora_rank"))
+    return finish_rank(measure(workload, stack, device, options), workload.tensor_parallel, latent)
 
 
 def init_rank(rank: int, world_size: int, port: int, device):
@@ -199,12 +200,15 @@ def init_rank(rank: int, world_size: int, port: int, device):
     return device
 
 
-def finish_rank(m: Measurement, world_size: int) -> Measurement:
-    """Per-rank floors: the KV floor of the rank's share of the KV heads (the weights floor is already the
-    rank's shard, measured off its tensors); leave the group."""
+def finish_rank(m: Measurement, world_size: int, latent_replicated: bool = False) -> Measurement:
+    """Per-rank floors: the KV floor of the rank's share of the KV heads, or the whole latent cache for MLA
+    (every rank holds the whole latent, as serving engines do); the weights floor is already the rank's
+    shard plus what it holds whole, measured off its tensors. Leave the group."""
     import torch.distributed as dist
 
-    if "kv" in m.floors:
+    if "kv" in m.floors and latent_replicated:
+        m.notes.append("KV floor per rank: the whole latent cache (MLA's latent is replicated on every rank)")
+    elif "kv" in m.floors:
         m.floors["kv"] //= world_size
         if "weights" in m.floors:
             m.floors["weights+kv"] = m.floors["weights"] + m.floors["kv"]
