@@ -6,7 +6,8 @@ stack). Each rank joins one torch.distributed group (gloo on the CPU, NCCL on CU
 off, rendezvous on a free 127.0.0.1 port), runs on its own device (`cuda:R`) and measures itself with the
 usual collectors in its own process. The ranks' Measurements merge into one: every metric is the maximum
 across ranks under its usual name (the rank that would run out first), and `ranks` keeps each rank's
-numbers for the report. A rank that dies takes the item to an `error` verdict; the others are stopped.
+numbers for the report. On GPUs the item's device class names the GPU count (`nvidia-h200-x2`), so its
+baselines live apart from single-GPU items'; the CPU ranks share one host, whose class stays. A rank that dies takes the item to an `error` verdict; the others are stopped.
 
 Stacks with a tensor parallelism of their own (vllm) keep the single worker the runner always starts.
 """
@@ -162,6 +163,8 @@ def merge(ranks: list[Measurement]) -> Measurement:
         detail = "maximum across ranks" + (f"; {top.detail}" if top.detail else "")
         merged[name] = MetricValue(top.value, detail=detail)
     first.metrics = merged
+    if first.environment.get("gpu"):  # N GPUs of that class: its baselines are not those of one GPU's items
+        first.environment["device_class"] = f"{first.environment['device_class']}-x{len(ranks)}"
     first.floors = {k: max(m.floors.get(k, 0) for m in ranks) for k in first.floors}
     first.ranks = per_rank
     first.notes = [f"tensor parallel over {len(ranks)} ranks: each metric is the maximum across ranks, "

@@ -155,6 +155,17 @@ def test_merge_takes_the_maximum_and_keeps_each_rank():
     assert m.ranks[0] == {"rank": 0, "metrics": {"gpu.ooms": None, "kv.bytes.peak": 100, "time.wall": 2.0}}
     assert m.ranks[1] == {"rank": 1, "metrics": {"gpu.ooms": None, "kv.bytes.peak": 300, "time.wall": 1.0}}
     assert "ranks" in m.to_json()
+    assert m.environment.get("device_class") is None  # no class given, none made up
+
+
+def test_a_gpu_items_device_class_names_its_gpu_count():
+    ranks = []
+    for gpu in ("NVIDIA H200", None):
+        pair = [Measurement("w", "paged") for _ in range(2)]
+        for m in pair:
+            m.environment = {"device_class": "nvidia-h200" if gpu else "cpu-x86_64", "gpu": gpu}
+        ranks.append(merge(pair).environment["device_class"])
+    assert ranks == ["nvidia-h200-x2", "cpu-x86_64"]
 
 
 def test_tensor_parallel_1_json_has_no_ranks():

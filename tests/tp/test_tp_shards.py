@@ -16,9 +16,9 @@ def nbytes(state: dict) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
-def rank_model(wl, spec, rank, n):
-    weights = SeededWeights("cpu")
-    hf = build_hf_model(wl, "cpu", weights=weights)
+def rank_model(wl, spec, rank, n, device="cpu"):
+    weights = SeededWeights(device)
+    hf = build_hf_model(wl, device, weights=weights)
     assert all(p.is_meta for p in hf.parameters())  # the full model is never drawn
     model = CausalLM.from_hf(hf, spec)
     local, note = shard(model, spec, weights, rank, n)
