@@ -7,7 +7,8 @@ off, rendezvous on a free 127.0.0.1 port), runs on its own device (`cuda:R`) and
 usual collectors in its own process. The ranks' Measurements merge into one: every metric is the maximum
 across ranks under its usual name (the rank that would run out first), and `ranks` keeps each rank's
 numbers for the report. On GPUs the item's device class names the GPU count (`nvidia-h200-x2`), so its
-baselines live apart from single-GPU items'; the CPU ranks share one host, whose class stays. A rank that dies takes the item to an `error` verdict; the others are stopped.
+baselines live apart from single-GPU items'; the CPU ranks share one host, whose class stays. A rank that
+dies takes the item to an `error` verdict; the others are stopped.
 
 Stacks with a tensor parallelism of their own (vllm) keep the single worker the runner always starts.
 """
