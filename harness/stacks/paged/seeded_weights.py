@@ -9,8 +9,8 @@ model is built (tensor_parallel 1), and the generator's state before the call is
 parameter's calls on one full tensor (the generator set back to each call's state), keeps the slice the rank
 asks for and drops the rest: the values are those of tensor_parallel 1, bit for bit, drawn in any order.
 
-At most one full tensor exists at a time beside what the rank keeps (the scratch while recording, the replayed
-tensor while materialising)."""
+At most one full tensor exists at a time beside what the rank keeps (the scratch while recording, the largest
+tensor's size; the replayed tensor while materialising)."""
 from __future__ import annotations
 
 import contextlib
@@ -39,6 +39,7 @@ class SeededWeights:
         self.device = torch.device(device)
         self.inits: dict[int, list[Init]] = {}
         self.tensors: dict[int, torch.Tensor] = {}  # keeps every recorded meta tensor alive: ids stay unique
+        self._buffer = None  # recording's scratch (_scratch)
 
     @contextlib.contextmanager
     def recording(self):
@@ -64,6 +65,7 @@ class SeededWeights:
                 setattr(module, fn_name, hf_init.TORCH_INIT_FUNCTIONS[fn_name])
             yield self
         finally:
+            self._buffer = None
             nn.Module.register_parameter = saved_register
             hf_init.TORCH_INIT_FUNCTIONS.update(saved_table)
             for module, fn_name, fn in saved_modules:
@@ -78,9 +80,7 @@ class SeededWeights:
             state = None
             if name in RANDOM:
                 state = self._rng_state()
-                scratch = self._empty_like(base)
-                fn(_view(scratch, view), *args, **kwargs)
-                del scratch
+                fn(_view(self._scratch(base), view), *args, **kwargs)
             self.inits.setdefault(id(base), []).append(Init(fn, args, kwargs, view, state))
             self.tensors[id(base)] = base
             return tensor
@@ -105,6 +105,17 @@ class SeededWeights:
                 i.fn(_view(full, i.view), *i.args, **i.kwargs)
         self._set_rng_state(saved)
         return full if pick is None else pick(full).clone()
+
+    def _scratch(self, meta: torch.Tensor) -> torch.Tensor:
+        """A tensor of meta's shape, dtype and strides to draw into while recording: a view of one buffer kept at the
+        largest size asked so far (a fresh tensor per call leaves the host allocator holding freed chunks)."""
+        if not meta.is_contiguous():
+            return self._empty_like(meta)
+        size = meta.numel() * meta.element_size()
+        if self._buffer is None or self._buffer.numel() < size:
+            self._buffer = None
+            self._buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+        return self._buffer[:size].view(meta.dtype).view(meta.shape)
 
     def _empty_like(self, meta: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.device)
