@@ -14,6 +14,7 @@ tensor's size; the replayed tensor while materialising)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -50,8 +51,6 @@ class SeededWeights:
         saved_register = nn.Module.register_parameter
         saved_table = dict(hf_init.TORCH_INIT_FUNCTIONS)
         saved_modules = []
-        import sys
-
         for module_name in hf_init.TORCH_MODULES_TO_PATCH:
             module = sys.modules.get(module_name)
             for fn_name in hf_init.TORCH_INIT_FUNCTIONS:
