@@ -157,6 +157,7 @@ def main() -> int:
     p.add_argument("--out", default=os.environ.get("OUT") or "tp-out")
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--host-heap", action="store_true", help="keep the memory round (host.heap_alloc.peak)")
+    p.add_argument("--no-weights-check", action="store_true", help="skip the bit-for-bit check of the rank slices")
     args = p.parse_args()
     args.profile = args.profile or ("ci" if args.device == "cpu" else "full")
     out = Path(args.out).resolve()
@@ -166,7 +167,7 @@ def main() -> int:
 
         print(f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
     t0 = time.time()
-    mismatches = check_weights(args)
+    mismatches = {} if args.no_weights_check else check_weights(args)
     runs = [run(out, f"run{i + 1}", args, update=i == 0) for i in range(args.runs)]
     peak_metric = "cpu.heap_alloc.peak" if args.device == "cpu" else "gpu.heap_alloc.peak"
     summary = compare(runs, peak_metric)
@@ -194,7 +195,8 @@ def main() -> int:
               + (f" (worst {worst[0]}: {worst[1] * 100:.3f}%)" if worst else "")
               + f"; verdicts {row['verdicts']}")
         bad = mismatches.get(tp2)
-        print(f"{tp2:<20} rank slices equal tensor_parallel 1's weights: {'yes' if not bad else f'NO ({bad[:5]})'}")
+        same = "not checked" if bad is None else "yes" if not bad else f"NO ({bad[:5]})"
+        print(f"{tp2:<20} rank slices equal tensor_parallel 1's weights: {same}")
     return 0 if all("error" not in r for r in summary.values()) and not any(mismatches.values()) else 1
 
 
