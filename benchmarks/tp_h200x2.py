@@ -151,7 +151,7 @@ def compare(runs: list[dict], peak_metric: str) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", help="cuda (NCCL, one GPU per rank) or cpu (gloo)")
     p.add_argument("--profile", default=None, help="workload profile (default: full on cuda, ci on cpu)")
     p.add_argument("--out", default=os.environ.get("OUT") or "tp-out")
