@@ -33,9 +33,13 @@ def model_factory(workload):
     return AutoModelForImageTextToText if workload.preset.family == "vision-language" else AutoModelForCausalLM
 
 
-def build_hf_model(workload, device, attn_implementation: str | dict = "sdpa"):
+def build_hf_model(workload, device, attn_implementation: str | dict = "sdpa", weights=None):
     """The workload's model on `device`, weights drawn from the workload's seed, in eval mode.
-    `attn_implementation`: one for the whole model, or one per sub-config ("" = the top level)."""
+    `attn_implementation`: one for the whole model, or one per sub-config ("" = the top level).
+    `weights`: a paged.seeded_weights.SeededWeights that records the seeded values instead (the parameters
+    stay on the meta device, to be drawn one at a time by a tensor-parallel rank)."""
+    import contextlib
+
     import torch
 
     config = hf_config(workload)
@@ -46,7 +50,7 @@ def build_hf_model(workload, device, attn_implementation: str | dict = "sdpa"):
     if is_cuda(device):
         torch.cuda.manual_seed_all(workload.seed)
     # Built directly on the device: a 7B model initialised on the CPU first would take minutes.
-    with torch.device(device):
+    with torch.device(device), (weights.recording() if weights is not None else contextlib.nullcontext()):
         model = factory.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     return model.eval()
 

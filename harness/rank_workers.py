@@ -6,7 +6,9 @@ stack). Each rank joins one torch.distributed group (gloo on the CPU, NCCL on CU
 off, rendezvous on a free 127.0.0.1 port), runs on its own device (`cuda:R`) and measures itself with the
 usual collectors in its own process. The ranks' Measurements merge into one: every metric is the maximum
 across ranks under its usual name (the rank that would run out first), and `ranks` keeps each rank's
-numbers for the report. A rank that dies takes the item to an `error` verdict; the others are stopped.
+numbers for the report. On GPUs the item's device class names the GPU count (`nvidia-h200-x2`), so its
+baselines live apart from single-GPU items'; the CPU ranks share one host, whose class stays. A rank that
+dies takes the item to an `error` verdict; the others are stopped.
 
 Stacks with a tensor parallelism of their own (vllm) keep the single worker the runner always starts.
 """
@@ -162,6 +164,8 @@ def merge(ranks: list[Measurement]) -> Measurement:
         detail = "maximum across ranks" + (f"; {top.detail}" if top.detail else "")
         merged[name] = MetricValue(top.value, detail=detail)
     first.metrics = merged
+    if first.environment.get("gpu"):  # N GPUs of that class: its baselines are not those of one GPU's items
+        first.environment["device_class"] = f"{first.environment['device_class']}-x{len(ranks)}"
     first.floors = {k: max(m.floors.get(k, 0) for m in ranks) for k in first.floors}
     first.ranks = per_rank
     first.notes = [f"tensor parallel over {len(ranks)} ranks: each metric is the maximum across ranks, "
@@ -181,7 +185,8 @@ def measure_rank(workload, stack: str, device, options, rank: int, port: int) ->
     except Exception:  # noqa: BLE001 - measure() reports the skip (or the failure) as it always does
         return measure(workload, stack, device, options)
     init_rank(rank, workload.tensor_parallel, port, device)
-    return finish_rank(measure(workload, stack, device, options), workload.tensor_parallel)
+    latent = bool(workload.model_config().get("kv_lora_rank"))
+    return finish_rank(measure(workload, stack, device, options), workload.tensor_parallel, latent)
 
 
 def init_rank(rank: int, world_size: int, port: int, device):
@@ -199,12 +204,15 @@ def init_rank(rank: int, world_size: int, port: int, device):
     return device
 
 
-def finish_rank(m: Measurement, world_size: int) -> Measurement:
-    """Per-rank floors: the KV floor of the rank's share of the KV heads (the weights floor is already the
-    rank's shard, measured off its tensors); leave the group."""
+def finish_rank(m: Measurement, world_size: int, latent_replicated: bool = False) -> Measurement:
+    """Per-rank floors: the KV floor of the rank's share of the KV heads, or the whole latent cache for MLA
+    (every rank holds the whole latent, as serving engines do); the weights floor is already the rank's
+    shard plus what it holds whole, measured off its tensors. Leave the group."""
     import torch.distributed as dist
 
-    if "kv" in m.floors:
+    if "kv" in m.floors and latent_replicated:
+        m.notes.append("KV floor per rank: the whole latent cache (MLA's latent is replicated on every rank)")
+    elif "kv" in m.floors:
         m.floors["kv"] //= world_size
         if "weights" in m.floors:
             m.floors["weights+kv"] = m.floors["weights"] + m.floors["kv"]

@@ -1,6 +1,7 @@
 """Tensor parallelism on the CPU: the paged stack over 2 gloo ranks (one worker process per rank) through
 the harness's item runner, against tensor_parallel 1; per-rank numbers in the JSON and Markdown reports;
 a rank that dies gives an `error` verdict and the session goes on."""
+import dataclasses
 import json
 import os
 
@@ -10,6 +11,7 @@ import yaml
 
 from harness import project, stacks, workload
 from harness.errors import StackUnavailable
+from harness.floors import kv_floor
 from harness.measurement import Measurement
 from harness.metrics.value import MetricValue
 from harness.reports import markdown
@@ -18,6 +20,7 @@ from harness.runner import Settings, run_item
 from harness.stacks.paged import PagedStack
 from harness.stacks.paged.tensor_parallel import outputs_digest
 from harness.rank_workers import FAULT_ENV, merge
+from tests.paged.paged_helpers import FAMILIES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DENSE = dict(layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
@@ -95,6 +98,26 @@ def test_tp2_paged_matches_tp1_with_per_rank_numbers_in_the_reports(tmp_path):
     assert all(row.split("|")[2].strip() == markdown._value(kv1 // 2, "kv.bytes.peak") for row in rows)
 
 
+@pytest.mark.parametrize("preset", ["deepseek-v2-lite", "deepseek-v3"])
+def test_tp2_mla_and_moe_give_tp1_greedy_tokens(tmp_path, preset):
+    """MLA heads and every expert's intermediate dimension split over 2 gloo ranks, the latent cache and the
+    router whole on each: V2-Lite (greedy softmax routing, shared experts) and V3 (q LoRA, noaux_tc routing
+    over groups, a dense first layer)."""
+    arch = FAMILIES[preset]
+    tp1 = tp1_run(make(tmp_path, f"tp-{preset}-1", 1, preset, arch))
+    wl = make(tmp_path, f"tp-{preset}", 2, preset, arch)
+    timed_only = dataclasses.replace(settings(tmp_path), python_heap=False, cpu_tensors=False)  # no memory round
+    result = run_item(wl, "paged", timed_only)
+    assert result.verdict == "new", result.reason
+    m = result.measurement
+    notes = " ".join(m.notes)
+    assert f"greedy outputs sha256 {outputs_digest(tp1.outputs)}" in notes
+    assert "kv_a_proj_with_mqa" in notes and "mlp.gate.weight" in notes  # what stays whole, named
+    for rank in m.ranks:  # the latent cache is whole on every rank
+        assert rank["metrics"]["kv.bytes.peak"] == tp1.metrics["kv.bytes.peak"].value
+    assert m.floors["kv"] == kv_floor(wl, 4)  # float32: the whole latent's floor, not divided
+
+
 def test_a_rank_that_dies_gives_an_error_and_the_session_goes_on(tmp_path, monkeypatch):
     wl = make(tmp_path, "tp-crash", 2)
     monkeypatch.setenv(FAULT_ENV, "1")
@@ -104,18 +127,19 @@ def test_a_rank_that_dies_gives_an_error_and_the_session_goes_on(tmp_path, monke
     assert "rank 1" in crashed.reason and "SIGKILL" in crashed.reason, crashed.reason
     print("error reason:", crashed.reason)
     # The next item runs. A model the paged stack cannot shard: every rank skips before joining the group.
-    moe = make(tmp_path, "tp-moe", 2, "deepseek-v2-lite", V2)
-    skipped = run_item(moe, "paged", settings(tmp_path))
-    assert skipped.verdict == "skipped" and "MLA and MoE" in skipped.reason, skipped.reason
+    odd = make(tmp_path, "tp-odd", 2, "r1-distill-qwen-7b", dict(DENSE, num_key_value_heads=1))
+    skipped = run_item(odd, "paged", settings(tmp_path))
+    assert skipped.verdict == "skipped" and "not divisible" in skipped.reason, skipped.reason
 
 
-@pytest.mark.parametrize("preset,arch", [
-    ("deepseek-v2-lite", V2),
-    ("r1-distill-qwen-7b", dict(DENSE, num_key_value_heads=1)),
+@pytest.mark.parametrize("preset,arch,what", [
+    ("deepseek-v2-lite", dict(V2, moe_intermediate_size=33), "moe_intermediate_size"),
+    ("deepseek-v2-lite", dict(V2, hidden_size=48, num_attention_heads=3, num_key_value_heads=3), "num_attention_heads"),
+    ("r1-distill-qwen-7b", dict(DENSE, num_key_value_heads=1), "num_key_value_heads"),
 ])
-def test_models_that_do_not_shard_are_unavailable_with_a_reason(tmp_path, preset, arch):
+def test_models_that_do_not_shard_are_unavailable_with_a_reason(tmp_path, preset, arch, what):
     wl = make(tmp_path, "tp-no", 2, preset, arch)
-    with pytest.raises(StackUnavailable, match="MLA and MoE|not divisible"):
+    with pytest.raises(StackUnavailable, match=f"{what} .* not divisible"):
         PagedStack.check(wl, torch.device("cpu"))
 
 
@@ -133,6 +157,17 @@ def test_merge_takes_the_maximum_and_keeps_each_rank():
     assert m.ranks[0] == {"rank": 0, "metrics": {"gpu.ooms": None, "kv.bytes.peak": 100, "time.wall": 2.0}}
     assert m.ranks[1] == {"rank": 1, "metrics": {"gpu.ooms": None, "kv.bytes.peak": 300, "time.wall": 1.0}}
     assert "ranks" in m.to_json()
+    assert m.environment.get("device_class") is None  # no class given, none made up
+
+
+def test_a_gpu_items_device_class_names_its_gpu_count():
+    ranks = []
+    for gpu in ("NVIDIA H200", None):
+        pair = [Measurement("w", "paged") for _ in range(2)]
+        for m in pair:
+            m.environment = {"device_class": "nvidia-h200" if gpu else "cpu-x86_64", "gpu": gpu}
+        ranks.append(merge(pair).environment["device_class"])
+    assert ranks == ["nvidia-h200-x2", "cpu-x86_64"]
 
 
 def test_tensor_parallel_1_json_has_no_ranks():

@@ -61,15 +61,22 @@ class PagedStack(Stack):
         kernels.preload(self.device)
         self.dtype = torch_dtype(self.workload, self.device)
         self.requests = self.workload.request_list()
-        hf = build_hf_model(self.workload, self.device)
+        weights = None
+        if self.workload.tensor_parallel > 1:  # parameters on the meta device, their seeded init recorded
+            from .seeded_weights import SeededWeights
+
+            weights = SeededWeights(self.device)
+        hf = build_hf_model(self.workload, self.device, weights=weights)
         self.spec = ModelSpec.from_hf(hf.config)
         self.cfg = EngineConfig.from_workload(self.workload, self.requests)
         self.model = CausalLM.from_hf(hf, self.spec)
-        if self.workload.tensor_parallel > 1:  # this rank's shard; the spec becomes the rank-local one
+        self.shard_note = None
+        if weights is not None:  # this rank's slices drawn one at a time; the spec becomes the rank-local one
             from .tensor_parallel import shard
 
-            hf = None  # (no images at tensor_parallel > 1) each full tensor goes as soon as its slice is cut
-            self.spec = shard(self.model, self.spec)
+            hf = None  # (no images at tensor_parallel > 1)
+            self.spec, self.shard_note = shard(self.model, self.spec, weights)
+            del weights
         self.vision = None
         dtype_bytes = torch.empty(0, dtype=self.dtype).element_size()
         multiprocessors = sm_count(self.device) if is_cuda(self.device) else None
@@ -156,7 +163,7 @@ class PagedStack(Stack):
         if self.workload.tensor_parallel > 1:
             from .tensor_parallel import outputs_note
 
-            notes.append(outputs_note(outputs))
+            notes += [outputs_note(outputs), self.shard_note]
         if self.vision is not None:
             notes.append(f"{self.vision.images_encoded} images through the DeepSeek-VL towers (transformers modules), "
                          f"{self.workload.image_tokens} tokens each")
