@@ -25,7 +25,7 @@ class RMSNorm(nn.Module):
 def fused_linear(*linears: nn.Linear) -> nn.Linear:
     """One linear layer whose output is the given layers' outputs side by side (one matrix product
     instead of several). Their weights are concatenated; the originals go with their modules."""
-    out = sum(lin.out_features for lin in linears)
+    out = sum(lin.weight.shape[0] for lin in linears)  # a tensor-parallel shard's rows, not out_features
     bias = linears[0].bias is not None
     with torch.device("meta"):
         fused = nn.Linear(linears[0].in_features, out, bias=bias)

@@ -42,7 +42,7 @@ class MLAttention(nn.Module):
         first = self.q_proj if hasattr(self, "q_proj") else self.q_a_proj
         if (first.bias is None) != (self.kv_a_proj_with_mqa.bias is None):
             return
-        self.q_width = first.out_features
+        self.q_width = first.weight.shape[0]  # (a tensor-parallel shard keeps nn.Linear's full out_features)
         self.q_kv_a_proj = fused_linear(first, self.kv_a_proj_with_mqa)
         del self.kv_a_proj_with_mqa
         if hasattr(self, "q_proj"):
