@@ -71,7 +71,7 @@ class MLAttention(nn.Module):
                              ctx.slot_mapping)
         w = self.kv_b_proj.weight.view(h, self.nope + self.v_dim, self.rank)
         q_latent = torch.bmm(q_nope.transpose(0, 1), w[:, :self.nope]).transpose(0, 1)  # [t, h, rank]
-        del q, q_nope
+        del q, q_nope, kv  # views of the fused projection's output: it goes now, not after attention
         out = torch.empty_like(q_latent)
         nd = ctx.num_decode
         if nd:
