@@ -415,6 +415,7 @@ def mla_split(device, bandwidth) -> dict:
     engine's absorbed projection leaves them, against the KV-bytes floor. Reported only: the best differs by
     shape (the decode section runs kernels.mla.DEFAULT_CONFIG)."""
     from kernels import mla
+    from kernels_h200 import bench_graph  # the replay timer of the kernel benchmark (benchmarks/ is on sys.path)
 
     gen = torch.Generator(device=device).manual_seed(0)
     shapes = [("v2-lite b8 x 550", 8, 550, 16), ("v2-lite b32 x 550", 32, 550, 16), ("v2-lite b8 x 4K", 8, 4096, 16),
@@ -437,35 +438,13 @@ def mla_split(device, bandwidth) -> dict:
         for min_tiles in (1, 2, 4, 8):
             cfg = {"min_tiles": min_tiles}
             out = mla.mla_decode(q_lat, q_pe, cache, table, lens, 0.07, config=cfg)
-            row[f"min_tiles_{min_tiles}_us"] = graph_time(
-                lambda: [mla.mla_decode(q_lat, q_pe, c, table, lens, 0.07, config=cfg) for c in caches]) / layers * 1e6
+            row[f"min_tiles_{min_tiles}_us"] = bench_graph(
+                lambda: [mla.mla_decode(q_lat, q_pe, c, table, lens, 0.07, config=cfg) for c in caches]) / layers * 1e3
             row[f"min_tiles_{min_tiles}_max_diff"] = float((out.float() - ref.float()).abs().max())
         rows.append(row)
         say("  mla split", json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))
         del cache, caches
     return {"rows": rows, "default_min_tiles": mla.DEFAULT_CONFIG["min_tiles"]}
-
-
-def graph_time(fn, replays: int = 20) -> float:
-    """Median seconds of one replay of fn captured in a CUDA graph (after a warm-up call outside it)."""
-    fn()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def router(device) -> dict:

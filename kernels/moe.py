@@ -191,9 +191,9 @@ def fused_moe(x, gate_up, down, weights, ids, shared_gate_up=None, shared_down=N
     num_experts, two_inter, _ = gate_up.shape
     inter, top_k = two_inter // 2, ids.shape[1]
     shared = 0 if shared_gate_up is None else shared_gate_up.shape[0] // two_inter
+    assert not shared or shared_down.shape[-1] == shared * inter
     if shared_gate_up is None:  # the kernels take a pointer either way; no program reads it
         shared_gate_up, shared_down = gate_up, down
-    assert shared_down.shape[-1] == max(shared, 1) * inter or not shared
     assert x.stride(-1) == 1 and gate_up.stride(-1) == 1 and down.stride(-1) == 1
     assert shared_gate_up.stride(-1) == 1 and shared_down.stride(-1) == 1
     cpu_tiles = {} if x.device.type == "cuda" else CPU_TILES
