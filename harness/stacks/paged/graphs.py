@@ -102,7 +102,8 @@ class DecodeGraphs:
         """One decode step of len(ids) sequences; returns their greedy tokens."""
         if not self.captured:
             self.capture()
-        b = next(b for b in self.buckets if b >= len(ids))
+        n = len(ids)
+        b = next(b for b in self.buckets if b >= n)
         self.pack(ids, positions, slots, tables)
         m = self.max_batch
         self.buffer[:4 * m + b * self.width].copy_(self.host[:4 * m + b * self.width], non_blocking=True)
