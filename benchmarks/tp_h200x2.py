@@ -32,6 +32,7 @@ SUITES = ("suites/r1_long_context.yaml", "suites/v2_moe.yaml")
 PAIRS = (("r1-32k", "r1-32k-tp2"), ("v2-lite-mixed", "v2-lite-mixed-tp2"))
 GOAL = 0.55  # per-rank peak at TP 2 over TP 1, R1 (issue 15)
 REPEAT = 0.005  # run 1 vs run 2, every memory metric of every rank
+TIMES = ("tpot", "ttft", "time.wall", "time.warmup")
 MEMORY = ("gpu.heap_alloc.peak", "gpu.reserved.peak", "gpu.device_used.peak", "gpu.heap_alloc.end",
           "cpu.heap_alloc.peak", "kv.bytes.peak", "kv.live_bytes.peak")
 
@@ -137,6 +138,8 @@ def compare(runs: list[dict], peak_metric: str) -> dict:
             "workspace": [a["floors"].get("workspace"), b["floors"].get("workspace")],
             "workspace_ratio": ratio(b["floors"].get("workspace"), a["floors"].get("workspace")),
             "replicated": next((n for n in b["notes"] if n.startswith("replicated on every rank")), None),
+            # speed beside memory: the maximum across ranks (the item's value), seconds
+            "time": {m: [(x["metrics"].get(m) or {}).get("value") for x in (a, b)] for m in TIMES},
         })
         spread = {}
         for name in (tp1, tp2):
@@ -189,6 +192,9 @@ def main() -> int:
                 if what == "peak" and tp2.startswith("r1") else ""
             print(f"{tp2:<20} {what:<10} {fmt(one):>12} {' / '.join(fmt(v) for v in two):>27} "
                   f"{'-' if r is None else f'{r:.3f}':>6}{mark}")
+        print(f"{tp2:<20} {'seconds':<10} " + ", ".join(
+            f"{m} {'/'.join('-' if v is None else f'{v:.4g}' for v in row['time'][m])}" for m in TIMES)
+            + " (TP 1/TP 2)")
         worst = row["repeat_worst"]
         repeats = "not checked (one run)" if len(row["verdicts"]) < 2 else "yes" if row["repeats"] else "NO"
         print(f"{tp2:<20} runs repeat within 0.5%: {repeats}"

@@ -75,7 +75,8 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         for b in reversed(self.buckets):  # largest first: the smaller ones reuse its pool
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
+            # thread_local: other threads (NCCL's watchdog at tensor_parallel > 1) may query their events meanwhile
+            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
                 self.tokens[b] = self._forward(b)
             self.graphs[b] = graph
         torch.cuda.synchronize(self.device)

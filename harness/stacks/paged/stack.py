@@ -94,11 +94,11 @@ class PagedStack(Stack):
         del hf  # its parameters live on in self.model (and the towers in self.vision); the rest goes
         gc.collect()
         self.model.fuse_projections()  # now that the transformers modules no longer hold the originals
-        graph_sizes = None
-        if self.workload.tensor_parallel == 1:  # (all-reduces are not captured)
-            per_image = self.workload.image_tokens
-            graph_sizes = (min(self.cfg.max_num_seqs, len(self.requests)),
-                           max(blocks_needed(r, self.cfg.block_size, per_image) for r in self.requests))
+        # Every rank sizes the same graphs from the same requests: at tensor_parallel > 1 they capture their
+        # all-reduces (NCCL collectives are capturable) in the same order.
+        per_image = self.workload.image_tokens
+        graph_sizes = (min(self.cfg.max_num_seqs, len(self.requests)),
+                       max(blocks_needed(r, self.cfg.block_size, per_image) for r in self.requests))
         self.engine = Engine(self.model, self.spec, self.cfg, self.dtype, self.device, self.vision, graph_sizes)
 
     def warmup(self) -> None:
@@ -109,8 +109,7 @@ class PagedStack(Stack):
 
         per_image = self.workload.image_tokens
         longest = max(input_tokens(r, per_image) for r in self.requests)
-        single = self.workload.tensor_parallel == 1  # (a rank's pass would all-reduce with the others')
-        self.engine.warmup(min(self.cfg.max_num_batched_tokens, longest) if single else 0)
+        self.engine.warmup(min(self.cfg.max_num_batched_tokens, longest))  # every rank the same pass
 
     def weights_bytes(self) -> int:
         seen, total = set(), 0

@@ -104,9 +104,10 @@ class ParallelCausalLM(CausalLM):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         local = F.linear(self.model.norm(hidden), self.lm_head.weight).float()
-        parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, local)
-        return torch.cat(parts, dim=-1)
+        n, (tokens, shard) = dist.get_world_size(), local.shape
+        parts = local.new_empty(n * tokens, shard)  # one collective into one tensor (captured in the decode graphs)
+        dist.all_gather_into_tensor(parts, local)
+        return parts.view(n, tokens, shard).transpose(0, 1).reshape(tokens, n * shard)
 
 
 class ParallelMoE(MoE):
