@@ -13,10 +13,10 @@ Importing this package is cheap: torch and triton load on the first call.
 from .dispatch import use_triton
 
 __all__ = ["preload", "paged_decode", "paged_prefill", "mla_decode", "mla_prefill", "write_kv", "write_latent",
-           "route", "fused_moe", "rms_norm", "apply_rotary", "silu_mul_"]
+           "route", "fused_moe", "rms_norm", "apply_rotary", "silu_mul_", "linear"]
 
 
-TRITON_MODULES = ("decode", "prefill", "mla", "cache_write", "router", "moe", "norm", "rotary", "activation")
+TRITON_MODULES = ("decode", "prefill", "mla", "cache_write", "router", "moe", "norm", "rotary", "activation", "skinny_gemm")
 
 
 def preload(device) -> None:
@@ -155,3 +155,15 @@ def silu_mul_(gate_up):
     else:
         from .reference import silu_mul_ as impl
     return impl(gate_up)
+
+
+def linear(x, weight, bias=None):
+    """x [..., K] @ weight [N, K]^T (+ bias), as F.linear: a decode step's few rows through a Triton kernel where
+    this GPU has a measured tile for the product (kernels/skinny_gemm.py), cuBLAS otherwise; F.linear on the CPU."""
+    if use_triton(x):
+        from .skinny_gemm import linear as impl
+
+        return impl(x, weight, bias)
+    import torch.nn.functional as F
+
+    return F.linear(x, weight, bias)

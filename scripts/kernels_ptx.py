@@ -22,7 +22,7 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kernels import activation, cache_write, decode, mla, moe, norm, prefill, rotary, router  # noqa: E402
+from kernels import activation, cache_write, decode, mla, moe, norm, prefill, rotary, router, skinny_gemm  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}
@@ -102,6 +102,12 @@ def launches() -> dict[str, tuple]:
         "rotary interleaved 16 x 64": lambda: rotary.rotary(torch.randn(4, 16, 64, dtype=bf16), torch.randn(4, 32),
                                                             torch.randn(4, 32), True),
         "silu * up 18944": lambda: activation.silu_mul_(torch.randn(4, 2 * 18944, dtype=bf16)),
+        "linear 8 rows, 3584 -> 4608 + bias, K split 4": lambda: skinny_gemm.linear(
+            torch.randn(8, 3584, dtype=bf16), torch.randn(4608, 3584, dtype=bf16), torch.randn(4608, dtype=bf16),
+            tiles=skinny_gemm.Tiles(block_n=64, block_k=128, split=4, warps=4, stages=4)),
+        "linear 32 rows, 2048 -> 3648, no split": lambda: skinny_gemm.linear(
+            torch.randn(32, 2048, dtype=bf16), torch.randn(3648, 2048, dtype=bf16),
+            tiles=skinny_gemm.Tiles(block_n=32, block_k=256, split=1, warps=4, stages=4)),
         "moe 8 experts, top 2, 2 shared": lambda: moe.fused_moe(
             torch.randn(5, 256, dtype=bf16), torch.randn(8, 2 * 96, 256, dtype=bf16),
             torch.randn(8, 256, 96, dtype=bf16), torch.rand(5, 2), torch.randint(0, 8, (5, 2)),

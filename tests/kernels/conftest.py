@@ -12,7 +12,7 @@ import pytest
 
 KERNEL_MODULES = ("kernels.dot", "kernels.work_split", "kernels.cache_write", "kernels.decode", "kernels.prefill",
                   "kernels.mla", "kernels.router", "kernels.moe", "kernels.norm", "kernels.rotary",
-                  "kernels.activation")
+                  "kernels.activation", "kernels.skinny_gemm")
 
 _before = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
