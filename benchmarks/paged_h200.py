@@ -25,8 +25,10 @@ transformers, first-step logits against stock in bf16, and token equality on the
 5. Suite items (section `suite`), full profile, collectors without the host heap, hf (warmed up) and paged:
    r1-staggered-finish and v2-lite-mixed (--suite-items: others). Bar: paged tokens/s >= 3x hf; peak above
    weights within 1.3x of (KV floor + declared workspace).
-6. Kernel sweeps before the decode section: MLA decode's least tiles per range (section `mla_split`) and the
-   two-launch MoE router against torch's (section `router`).
+6. Kernel sweeps: first the skinny GEMM's tiles on the decode step's products against cuBLAS (section
+   `skinny_gemm`: the tiles that win are installed for every later section and written to
+   skinny_gemm_tiles.json); before the decode section MLA decode's least tiles per range (section `mla_split`)
+   and the two-launch MoE router against torch's (section `router`).
 Writes paged_h200.json and paged_h200.log to DIR ($OUT on the device machine); prints a short table last.
 """
 import argparse
@@ -447,6 +449,84 @@ def mla_split(device, bandwidth) -> dict:
     return {"rows": rows, "default_min_tiles": mla.DEFAULT_CONFIG["min_tiles"]}
 
 
+# The decode step's products: (name, N, K, bias, times per step). R1-Distill-Qwen-7B: 28 layers; DeepSeek-V2-Lite:
+# 27 layers of MLA (query and latent projections fused), one dense MLP layer (the rest are MoE), the lm_head.
+STEP_PRODUCTS = {
+    "r1-distill-qwen-7b": [("qkv", 4608, 3584, True, 28), ("o", 3584, 3584, False, 28),
+                           ("gate_up", 37888, 3584, False, 28), ("down", 3584, 18944, False, 28),
+                           ("lm_head", 152064, 3584, False, 1)],
+    "deepseek-v2-lite": [("q_kv_a", 3648, 2048, False, 27), ("o", 2048, 2048, False, 27),
+                         ("gate_up", 21888, 2048, False, 1), ("down", 2048, 10944, False, 1),
+                         ("lm_head", 102400, 2048, False, 1)],
+}
+
+
+def skinny_candidates(n, k, sms):
+    """Tiles worth timing: enough programs to stream the weight from every multiprocessor, not so many slices
+    that the partials cost more than they spread."""
+    import itertools
+
+    from kernels.skinny_gemm import Tiles
+
+    for block_n, block_k, split in itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8)):
+        programs = -(-n // block_n) * split
+        if (split == 1 or k // split >= block_k) and sms // 2 <= programs <= 16 * sms:
+            yield Tiles(block_n, block_k, split, 4, 4)
+
+
+def skinny_gemm(device, bandwidth) -> dict:
+    """kernels.linear's skinny GEMM on the decode step's products (STEP_PRODUCTS at 8 and 32 rows) against cuBLAS
+    (F.linear), bf16: in a CUDA graph, one call per copy of the weight over 200+ MB of copies (each read cold, back
+    to back as a step's layers run), every tile checked against F.linear first. Where the fastest tile beats cuBLAS
+    by 3% or more it becomes this GPU's entry in kernels.skinny_gemm's table (installed for the sections after this
+    one, and written as skinny_gemm_tiles.json), else cuBLAS stays. Also: each step's expected saving."""
+    import torch.nn.functional as F
+
+    from kernels import skinny_gemm
+    from kernels.dispatch import sm_count
+    from kernels_h200 import bench_graph  # the replay timer of the kernel benchmark (benchmarks/ is on sys.path)
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    gpu, sms = torch.cuda.get_device_name(device), sm_count(device)
+    rows, table, saving = [], {}, {}
+    for preset, products in STEP_PRODUCTS.items():
+        for name, n, k, has_bias, per_step in products:
+            w = torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * k ** -0.5
+            bias = torch.randn(n, device=device, dtype=torch.bfloat16, generator=gen) if has_bias else None
+            copies = max(2, -(-200_000_000 // (n * k * 2)))
+            weights = [w] + [w.clone() for _ in range(copies - 1)]
+            for m in (8, 32):
+                x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
+                ref = F.linear(x, w, bias).float()
+                row = {"preset": preset, "product": name, "n": n, "k": k, "rows": m,
+                       "floor_us": n * k * 2 / bandwidth * 1e6,
+                       "cublas_us": bench_graph(lambda: [F.linear(x, wi, bias) for wi in weights]) / copies * 1e3,
+                       "tiles": []}
+                for tiles in skinny_candidates(n, k, sms):
+                    try:
+                        err = float((skinny_gemm.linear(x, w, bias, tiles=tiles).float() - ref).norm() / ref.norm())
+                        us = bench_graph(lambda: [skinny_gemm.linear(x, wi, bias, tiles=tiles) for wi in weights])
+                        row["tiles"].append([list(tiles), round(us / copies * 1e3, 2), err])
+                    except Exception as e:  # noqa: BLE001 - a tile that does not fit is skipped, and said
+                        row["tiles"].append([list(tiles), None, str(e)[:120]])
+                ok = [t for t in row["tiles"] if t[1] is not None and t[2] < 2e-2]
+                row["wrong"] = [t for t in row["tiles"] if t[1] is not None and t[2] >= 2e-2]
+                best = min(ok, key=lambda t: t[1]) if ok else None
+                row["best"] = best
+                if best and best[1] <= 0.97 * row["cublas_us"]:
+                    table[skinny_gemm.table_key(m, n, k)] = best[0]
+                    row["installed"] = True
+                    saving[f"{preset} b{m}"] = saving.get(f"{preset} b{m}", 0) + per_step * (row["cublas_us"] - best[1])
+                rows.append(row)
+                say("  skinny gemm", json.dumps({key: row[key] for key in ("preset", "product", "rows", "floor_us",
+                                                                           "cublas_us", "best", "wrong")}, default=str))
+            del weights, w
+    skinny_gemm.use_tiles(gpu, table)
+    return {"gpu": gpu, "rows": rows, "table": {"gpus": {gpu: {key: skinny_gemm.Tiles(*t)._asdict()
+                                                                for key, t in table.items()}}},
+            "step_saving_us": saving}
+
+
 def router(device) -> dict:
     """kernels.route (one Triton launch) against the torch reference (float32 GEMM, softmax/sigmoid, top-k:
     what the paged stack ran before) for DeepSeek-V2-Lite, V2 and V3 routers at decode and prefill batch
@@ -544,7 +624,7 @@ def main() -> int:
     parser.add_argument("--suite-items", default="r1-staggered-finish,v2-lite-mixed",
                         help="comma-separated suite workloads for the suite section")
     parser.add_argument("--skip", default="", help="comma-separated sections to skip: "
-                        "batch8,ctx32k,logits,tokens,moe_tiles,mla_split,router,decode,suite")
+                        "batch8,ctx32k,logits,tokens,moe_tiles,skinny_gemm,mla_split,router,decode,suite")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     device = resolve_device("cpu" if args.dry_run else "cuda")
@@ -554,7 +634,13 @@ def main() -> int:
         f"torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
     results: dict = {"device": device.type, "dry_run": args.dry_run}
     t0 = time.perf_counter()
+    bandwidth = copy_bandwidth(device) if device.type == "cuda" else 10 * GB
+    results["copy_bandwidth"] = bandwidth
     with tempfile.TemporaryDirectory() as tmp:
+        if "skinny_gemm" not in skip and device.type == "cuda":  # first: every later section runs its tiles
+            say("skinny GEMM (kernels.linear) vs cuBLAS on the decode step's products, bf16, cold weights, "
+                "in a CUDA graph:")
+            section(results, "skinny_gemm", skinny_gemm, device, bandwidth)
         if "tokens" not in skip:
             say("greedy tokens, float32, scaled-down families, hf vs paged:")
             section(results, "tokens", tiny_tokens, tmp, device)
@@ -574,8 +660,6 @@ def main() -> int:
         if "moe_tiles" not in skip and device.type == "cuda":
             say("fused MoE tiles, DeepSeek-V2-Lite shapes, bf16:")
             section(results, "moe_tiles", moe_tiles, device)
-        bandwidth = copy_bandwidth(device) if device.type == "cuda" else 10 * GB
-        results["copy_bandwidth"] = bandwidth
         if "mla_split" not in skip and device.type == "cuda":
             say("MLA decode, least tiles per range, bf16, cold latent per layer, in a CUDA graph:")
             section(results, "mla_split", mla_split, device, bandwidth)
@@ -614,6 +698,18 @@ def main() -> int:
         ok = r["equal"] == r["equal_eager"] == r["requests"]
         say(f"| tokens {preset} | | graphs {r['equal']}/{r['requests']}, eager {r['equal_eager']}/{r['requests']} "
             f"equal to hf | | | | | {ok} |")
+    if "skinny_gemm" in results:
+        say("")
+        say("| product | rows | bytes floor | cuBLAS | skinny GEMM, best tile | tile (n, k, split, warps, stages) | runs |")
+        say("|---|---|---|---|---|---|---|")
+        for r in results["skinny_gemm"]["rows"]:
+            best = r["best"] or [None, None]
+            say(f"| {r['preset']} {r['product']} {r['n']}x{r['k']} | {r['rows']} | {r['floor_us']:.1f} us | "
+                f"{r['cublas_us']:.1f} us | " + (f"{best[1]:.1f} us" if best[1] else "-") + f" | {best[0]} | "
+                + ("skinny" if r.get("installed") else "cuBLAS") + (f", {len(r['wrong'])} tiles WRONG" if r["wrong"] else "")
+                + " |")
+        say("expected decode step saving (us): " + json.dumps({k: round(v, 1) for k, v in
+                                                              results["skinny_gemm"]["step_saving_us"].items()}))
     if "mla_split" in results:
         say("")
         say("| MLA decode + merge | floor | min_tiles 1 | 2 | 4 | 8 |")
@@ -660,6 +756,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "paged_h200.json").write_text(json.dumps(results, indent=1, default=str))
     (out / "paged_h200.log").write_text("\n".join(LOG) + "\n")
+    if "skinny_gemm" in results:  # this GPU's tiles: commit as kernels/skinny_gemm_tiles.json
+        (out / "skinny_gemm_tiles.json").write_text(json.dumps(results["skinny_gemm"]["table"], indent=1) + "\n")
     return 0
 
 

@@ -16,7 +16,8 @@ __all__ = ["preload", "paged_decode", "paged_prefill", "mla_decode", "mla_prefil
            "route", "fused_moe", "rms_norm", "apply_rotary", "silu_mul_", "linear"]
 
 
-TRITON_MODULES = ("decode", "prefill", "mla", "cache_write", "router", "moe", "norm", "rotary", "activation", "skinny_gemm")
+TRITON_MODULES = ("decode", "prefill", "mla", "cache_write", "router", "moe", "norm", "rotary", "activation",
+                  "skinny_gemm")
 
 
 def preload(device) -> None:

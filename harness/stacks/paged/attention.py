@@ -11,17 +11,17 @@ import kernels
 
 from .config import ModelSpec
 from .context import StepContext
-from .layers import Rotary, fused_linear
+from .layers import Linear, Rotary, fused_linear
 
 
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, rotary: Rotary, bias: bool):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, spec.head_dim
-        self.q_proj = nn.Linear(spec.hidden, spec.heads * spec.head_dim, bias=bias)
-        self.k_proj = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=bias)
-        self.v_proj = nn.Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=bias)
-        self.o_proj = nn.Linear(spec.heads * spec.head_dim, spec.hidden, bias=False)
+        self.q_proj = Linear(spec.hidden, spec.heads * spec.head_dim, bias=bias)
+        self.k_proj = Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=bias)
+        self.v_proj = Linear(spec.hidden, spec.kv_heads * spec.head_dim, bias=bias)
+        self.o_proj = Linear(spec.heads * spec.head_dim, spec.hidden, bias=False)
         self.rotary = rotary
         self.scale = spec.head_dim ** -0.5
         self.k_cache = self.v_cache = None  # [num_blocks, block_size, kv_heads, head_dim], set by KVPool

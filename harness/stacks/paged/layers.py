@@ -22,13 +22,21 @@ class RMSNorm(nn.Module):
         return kernels.rms_norm(x, self.weight, self.eps, residual)
 
 
+class Linear(nn.Linear):
+    """nn.Linear through kernels.linear: a decode step's few rows read the weight with the skinny GEMM where this
+    GPU has a measured tile for the product, cuBLAS otherwise; F.linear on the CPU (same numbers as nn.Linear)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.linear(x, self.weight, self.bias)
+
+
 def fused_linear(*linears: nn.Linear) -> nn.Linear:
     """One linear layer whose output is the given layers' outputs side by side (one matrix product
     instead of several). Their weights are concatenated; the originals go with their modules."""
     out = sum(lin.weight.shape[0] for lin in linears)  # a tensor-parallel shard's rows, not out_features
     bias = linears[0].bias is not None
     with torch.device("meta"):
-        fused = nn.Linear(linears[0].in_features, out, bias=bias)
+        fused = Linear(linears[0].in_features, out, bias=bias)
     fused.weight = nn.Parameter(torch.cat([lin.weight for lin in linears]), requires_grad=False)
     if bias:
         fused.bias = nn.Parameter(torch.cat([lin.bias for lin in linears]), requires_grad=False)
@@ -41,9 +49,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_proj = Linear(hidden, intermediate, bias=bias)
+        self.up_proj = Linear(hidden, intermediate, bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
         self.gate_up_proj = None
 
     def fuse(self) -> None:

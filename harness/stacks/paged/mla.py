@@ -13,7 +13,7 @@ import kernels
 
 from .config import ModelSpec
 from .context import StepContext
-from .layers import RMSNorm, Rotary, fused_linear
+from .layers import Linear, RMSNorm, Rotary, fused_linear
 
 
 class MLAttention(nn.Module):
@@ -23,15 +23,15 @@ class MLAttention(nn.Module):
         self.nope, self.v_dim = spec.qk_nope_head_dim, spec.v_head_dim
         qk = self.nope + self.rope
         if spec.q_lora_rank:
-            self.q_a_proj = nn.Linear(spec.hidden, spec.q_lora_rank, bias=spec.o_bias)
+            self.q_a_proj = Linear(spec.hidden, spec.q_lora_rank, bias=spec.o_bias)
             self.q_a_layernorm = RMSNorm(spec.q_lora_rank, 1e-6)
-            self.q_b_proj = nn.Linear(spec.q_lora_rank, spec.heads * qk, bias=False)
+            self.q_b_proj = Linear(spec.q_lora_rank, spec.heads * qk, bias=False)
         else:
-            self.q_proj = nn.Linear(spec.hidden, spec.heads * qk, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(spec.hidden, self.rank + self.rope, bias=spec.o_bias)
+            self.q_proj = Linear(spec.hidden, spec.heads * qk, bias=False)
+        self.kv_a_proj_with_mqa = Linear(spec.hidden, self.rank + self.rope, bias=spec.o_bias)
         self.kv_a_layernorm = RMSNorm(self.rank, 1e-6)
-        self.kv_b_proj = nn.Linear(self.rank, spec.heads * (self.nope + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(spec.heads * self.v_dim, spec.hidden, bias=spec.o_bias)
+        self.kv_b_proj = Linear(self.rank, spec.heads * (self.nope + self.v_dim), bias=False)
+        self.o_proj = Linear(spec.heads * self.v_dim, spec.hidden, bias=spec.o_bias)
         self.rotary = rotary
         self.scale = qk ** -0.5  # the loader sets the transformers module's (yarn mscale included)
         self.latent_cache = None  # [num_blocks, block_size, rank + rope], set by KVPool

@@ -8,13 +8,12 @@ batch, with no padding."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import Attention
 from .config import ModelSpec
 from .context import StepContext
-from .layers import GatedMLP, RMSNorm, Rotary
+from .layers import GatedMLP, Linear, RMSNorm, Rotary
 from .mla import MLAttention
 from .moe import MoE
 
@@ -58,7 +57,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.spec = spec
         self.model = Decoder(spec, rotary)
-        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self.lm_head = Linear(spec.hidden, spec.vocab, bias=False)
 
     def forward(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Hidden states [T, hidden] before the final norm."""
@@ -81,7 +80,7 @@ class CausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits of the given rows only (the last token of each sequence that samples)."""
-        return F.linear(self.model.norm(hidden), self.lm_head.weight).float()
+        return self.lm_head(self.model.norm(hidden)).float()
 
     @classmethod
     def from_hf(cls, hf_model, spec: ModelSpec) -> "CausalLM":

@@ -39,6 +39,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+import kernels
+
 from ...devices import is_cuda
 from ...errors import StackUnavailable
 from .config import ModelSpec
@@ -78,7 +80,7 @@ class RowParallelLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = kernels.linear(x, self.weight)
         dist.all_reduce(y)
         if self.bias is not None:
             y += self.bias
@@ -103,7 +105,7 @@ class ParallelCausalLM(CausalLM):
     """CausalLM whose lm_head holds this rank's vocabulary rows: logits are all-gathered."""
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = F.linear(self.model.norm(hidden), self.lm_head.weight).float()
+        local = self.lm_head(self.model.norm(hidden)).float()
         n, (tokens, shard) = dist.get_world_size(), local.shape
         parts = local.new_empty(n * tokens, shard)  # one collective into one tensor (captured in the decode graphs)
         dist.all_gather_into_tensor(parts, local)
