@@ -5,7 +5,8 @@ Usage: python scripts/kernels_ptx.py [--dump DIR]
 No GPU is needed: the public wrappers are called on small CPU tensors with the launch intercepted, and
 each launch (its argument types and constexprs) is compiled by Triton's NVIDIA backend for sm_90. A
 refactor of kernel code that leaves every digest unchanged leaves the code the GPU runs unchanged, so
-its measured H200 numbers still stand. The tiles are the CPU path's (block_n 16), not the tuned GPU ones.
+its measured H200 numbers still stand. The tiles are the CPU path's (block_n 16), not the tuned GPU ones; arguments
+are specialized as the JIT does at launch (alignment, divisibility by 16), so loops are pipelined as on the GPU.
 """
 from __future__ import annotations
 
@@ -57,10 +58,20 @@ def capture(call) -> list[tuple[JITFunction, dict, dict]]:
     return launches
 
 
+def divisible_by_16(value) -> bool:
+    """What Triton's JIT specializes on at launch: 16-byte aligned pointers and integers divisible by 16. Without
+    it the compiler cannot prove wide loads aligned, and pipelines no loop (no cp.async): not the GPU's code."""
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr() % 16 == 0
+    return isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0
+
+
 def compile_ptx(kernel: JITFunction, values: dict, options: dict) -> str:
     constexprs = {kernel.arg_names[i]: values[kernel.arg_names[i]] for i in kernel.constexprs}
     signature = {name: "constexpr" if name in constexprs else arg_type(values[name]) for name in kernel.arg_names}
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=H200, options=options)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+             if name not in constexprs and divisible_by_16(values[name])}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=H200, options=options)
     # Line locations and the debug sections move when code moves; the instructions are what the GPU runs.
     ptx = compiled.asm["ptx"].split("\t.section\t.debug", 1)[0]
     ptx = re.sub(r"^(\s*\.(loc|file)\b.*|\$L__tmp\d+:)$", "", ptx, flags=re.M)
