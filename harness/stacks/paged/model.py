@@ -27,11 +27,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden, spec.eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden, spec.eps)
 
-    def forward(self, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        a = self.self_attn(self.input_layernorm(h), ctx)
-        m = self.mlp(self.post_attention_layernorm(a, residual=h))  # a += h inside the norm's launch
-        m += a
-        return m
+    def forward(self, h: torch.Tensor, ctx: StepContext, residual: torch.Tensor | None = None):
+        """h: the previous layer's MLP output (the embeddings for the first layer), residual: the stream it adds
+        to (None first). Their sum is made inside the input norm's launch, as each sublayer's sum is made in the
+        next norm's: no launch of its own. Returns (this layer's MLP output, the stream it adds to)."""
+        a = self.self_attn(self.input_layernorm(h, residual=residual), ctx)  # h += residual
+        m = self.mlp(self.post_attention_layernorm(a, residual=h))  # a += h
+        return m, a
 
 
 class Decoder(nn.Module):
@@ -47,8 +49,10 @@ class Decoder(nn.Module):
         if ctx.image_rows is not None:  # image placeholders take their image's features (DeepSeek-VL)
             h[ctx.image_rows] = ctx.image_feats.to(h.dtype)
         ctx.cos, ctx.sin = self.rotary.cos_sin(ctx.positions, h.dtype)
+        residual = None
         for layer in self.layers:
-            h = layer(h, ctx)
+            h, residual = layer(h, ctx, residual)
+        h += residual  # the last layer's sum: the final norm runs on the sampled rows only
         return h
 
 
