@@ -13,7 +13,7 @@ Importing this package is cheap: torch and triton load on the first call.
 from .dispatch import use_triton
 
 __all__ = ["preload", "paged_decode", "paged_prefill", "mla_decode", "mla_prefill", "write_kv", "write_latent",
-           "route", "fused_moe", "rms_norm", "apply_rotary", "silu_mul_", "linear"]
+           "route", "fused_moe", "rms_norm", "apply_rotary", "silu_mul_", "linear", "rotate_and_write_kv"]
 
 
 TRITON_MODULES = ("decode", "prefill", "mla", "cache_write", "router", "moe", "norm", "rotary", "activation",
@@ -93,6 +93,17 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping):
     else:
         from .reference import write_kv as impl
     impl(key, value, k_cache, v_cache, slot_mapping)
+
+
+def rotate_and_write_kv(qkv, heads, kv_heads, cos, sin, interleaved, k_cache, v_cache, slot_mapping):
+    """From the fused projection's rows qkv [T, (heads + 2 x kv_heads) x head_dim]: returns the query rotated
+    [T, heads, head_dim]; writes the key rotated and the value at slot_mapping (as write_kv; cos/sin as for
+    apply_rotary). One launch on CUDA (three as rotary, rotary, write_kv)."""
+    if use_triton(qkv):
+        from .cache_write import rotate_and_write_kv as impl
+    else:
+        from .reference import rotate_and_write_kv as impl
+    return impl(qkv, heads, kv_heads, cos, sin, interleaved, k_cache, v_cache, slot_mapping)
 
 
 def write_latent(kv_a, norm_weight, eps, cos, sin, interleaved, latent_cache, slot_mapping):

@@ -5,8 +5,10 @@ padding token and is skipped. One program copies one token's row: all KV heads x
 K and V (one launch for the two caches; [num_kv_heads * head_dim] is contiguous in both the input
 and the cache), or MLA's 576-wide latent row, which it makes from kv_a_proj_with_mqa's output on the way:
 the first kv_lora_rank columns normalised (kv_a_layernorm), the rope columns rotated (three launches
-and a concatenation fewer per layer).
+and a concatenation fewer per layer). From the fused [q | k | v] projection, one program per token also
+rotates the query's and the key's heads and writes the key rotated (rotate_and_write_kv: two launches fewer).
 """
+import torch
 import triton
 import triton.language as tl
 
@@ -70,6 +72,45 @@ def _write_kv_rows(
     _copy_row(v_ptr + tok * stride_v_tok, v_cache_ptr, slot, stride_vc_block, stride_vc_slot, cols, mask, BLOCK_SIZE)
 
 
+@triton.jit
+def _rotate_write_kv_rows(
+    qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+    stride_qkv_tok, stride_cs, stride_q_tok, stride_kc_block, stride_kc_slot, stride_vc_block, stride_vc_slot,
+    BLOCK_SIZE: tl.constexpr, HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, KV_HEADS: tl.constexpr,
+    KV_PAD: tl.constexpr, DIM: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
+    KV_WIDTH_PAD: tl.constexpr,
+):
+    """One token: its query heads rotated into q, its key heads rotated and its value heads copied into the
+    caches at its slot (none for a padding token, slot < 0)."""
+    tok = tl.program_id(0).to(tl.int64)
+    row = qkv_ptr + tok * stride_qkv_tok
+    dt = qkv_ptr.dtype.element_ty
+    i = tl.arange(0, HALF_PAD)
+    pairs = i < HALF
+    c = tl.load(cos_ptr + tok * stride_cs + i, mask=pairs, other=0.0)[None, :]
+    s = tl.load(sin_ptr + tok * stride_cs + i, mask=pairs, other=0.0)[None, :]
+    heads = tl.arange(0, HEADS_PAD)
+    mask = (heads < HEADS)[:, None] & pairs[None, :]
+    x1, x2 = load_pairs(row + heads[:, None] * DIM, i[None, :], mask, HALF, INTERLEAVED)
+    o1, o2 = rotate(x1, x2, c, s, dt, INTERLEAVED)
+    out = q_ptr + tok * stride_q_tok + heads[:, None] * DIM + i[None, :]
+    tl.store(out, o1.to(dt), mask=mask)
+    tl.store(out + HALF, o2.to(dt), mask=mask)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    if slot >= 0:
+        kv = tl.arange(0, KV_PAD)
+        kv_mask = (kv < KV_HEADS)[:, None] & pairs[None, :]
+        k1, k2 = load_pairs(row + HEADS * DIM + kv[:, None] * DIM, i[None, :], kv_mask, HALF, INTERLEAVED)
+        r1, r2 = rotate(k1, k2, c, s, dt, INTERLEAVED)
+        k_dst = k_cache_ptr + (slot // BLOCK_SIZE) * stride_kc_block + (slot % BLOCK_SIZE) * stride_kc_slot
+        cache_dt = k_cache_ptr.dtype.element_ty
+        tl.store(k_dst + kv[:, None] * DIM + i[None, :], r1.to(dt).to(cache_dt), mask=kv_mask)
+        tl.store(k_dst + kv[:, None] * DIM + HALF + i[None, :], r2.to(dt).to(cache_dt), mask=kv_mask)
+        cols = tl.arange(0, KV_WIDTH_PAD)
+        _copy_row(row + (HEADS + KV_HEADS) * DIM, v_cache_ptr, slot, stride_vc_block, stride_vc_slot, cols,
+                  cols < KV_HEADS * DIM, BLOCK_SIZE)
+
+
 def _rows(src, cache):
     """src [num_tokens, *row] as [num_tokens, width] rows with unit stride, in the cache dtype on the CPU."""
     src = src.reshape(src.shape[0], -1)
@@ -116,3 +157,24 @@ def write_latent(kv_a, norm_weight, eps, cos, sin, interleaved, latent_cache, sl
         BLOCK_SIZE=latent_cache.shape[1], RANK=rank, RANK_PAD=next_pow2(rank), HALF=half, HALF_PAD=next_pow2(half),
         INTERLEAVED=interleaved, num_warps=4,
         enable_fp_fusion=False)  # the rotary's float32 roundings, as kernels/rotary.py
+
+
+def rotate_and_write_kv(qkv, heads, kv_heads, cos, sin, interleaved, k_cache, v_cache, slot_mapping):
+    """qkv [num_tokens, (heads + 2 x kv_heads) x head_dim] (the fused projection's rows, unit stride) -> the
+    query rotated [num_tokens, heads, head_dim]; the key rotated and the value into the caches at slot_mapping.
+    cos/sin [num_tokens, head_dim / 2] as for kernels.apply_rotary. One launch."""
+    tokens = qkv.shape[0]
+    dim = k_cache.shape[-1]
+    half = cos.shape[-1]
+    assert qkv.stride(-1) == 1 and qkv.shape[1] == (heads + 2 * kv_heads) * dim and 2 * half == dim
+    assert cos.stride() == sin.stride() and k_cache[0, 0].is_contiguous() and v_cache[0, 0].is_contiguous()
+    q = torch.empty(tokens, heads, dim, dtype=qkv.dtype, device=qkv.device)
+    if tokens:
+        _rotate_write_kv_rows[(tokens,)](
+            qkv, cos, sin, q, k_cache, v_cache, slot_mapping,
+            qkv.stride(0), cos.stride(0), q.stride(0), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
+            v_cache.stride(1), BLOCK_SIZE=k_cache.shape[1], HEADS=heads, HEADS_PAD=next_pow2(heads),
+            KV_HEADS=kv_heads, KV_PAD=next_pow2(kv_heads), DIM=dim, HALF=half, HALF_PAD=next_pow2(half),
+            INTERLEAVED=interleaved, KV_WIDTH_PAD=next_pow2(kv_heads * dim), num_warps=4,
+            enable_fp_fusion=False)  # the rotary's float32 roundings, as kernels/rotary.py
+    return q

@@ -26,6 +26,16 @@ def write_latent(kv_a, norm_weight, eps, cos, sin, interleaved, cache, slot_mapp
     _write_rows(torch.cat((rms_norm(kv_c, norm_weight, eps), k_pe), dim=-1), cache, slot_mapping)
 
 
+def rotate_and_write_kv(qkv, heads, kv_heads, cos, sin, interleaved, k_cache, v_cache, slot_mapping):
+    """The query rotated; the key rotated and the value written to the caches (from the fused [q | k | v] rows)."""
+    tokens, dim = qkv.shape[0], k_cache.shape[-1]
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q = rotary(q.view(tokens, heads, dim), cos, sin, interleaved)
+    write_kv(rotary(k.view(tokens, kv_heads, dim), cos, sin, interleaved), v.view(tokens, kv_heads, dim), k_cache,
+             v_cache, slot_mapping)
+    return q
+
+
 def _write_rows(rows, cache, slot_mapping) -> None:
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()

@@ -102,6 +102,10 @@ def launches() -> dict[str, tuple]:
             0.072, max_q_len=8, config=mla.PREFILL_CONFIG),
         "write kv": lambda: cache_write.write_kv(torch.randn(4, 2, 128, dtype=bf16), torch.randn(4, 2, 128, dtype=bf16),
                                                  k, v, torch.arange(4, dtype=torch.int64)),
+        "rotate q, k and write k/v, gqa 28/4 x 128": lambda: cache_write.rotate_and_write_kv(
+            torch.randn(4, 36 * 128, dtype=bf16), 28, 4, torch.randn(4, 64, dtype=bf16), torch.randn(4, 64, dtype=bf16),
+            False, torch.randn(blocks, block, 4, 128, dtype=bf16), torch.randn(blocks, block, 4, 128, dtype=bf16),
+            torch.arange(4, dtype=torch.int64)),
         "write latent (normalised, rotated)": lambda: cache_write.write_latent(
             torch.randn(4, 576, dtype=bf16), torch.randn(512, dtype=bf16), 1e-6, torch.randn(4, 32), torch.randn(4, 32),
             True, latent, torch.arange(4, dtype=torch.int64)),

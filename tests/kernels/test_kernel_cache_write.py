@@ -82,3 +82,36 @@ def test_keys_split_from_a_fused_qkv_projection():
     k_ref, v_ref = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
     reference.write_kv(key, value, k_ref, v_ref, slot_mapping)
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rotate_and_write_kv_from_the_fused_projection(interleaved, dtype):
+    """One launch against the reference's rotary, rotary, write_kv: the query rotated and the key rotated into
+    the cache bit for bit in float32 (within the interpreter's bf16 truncation otherwise), the value copied,
+    padding tokens' query rotated but nothing of theirs written. GQA 6 / 2 heads of 16, rows with a wider
+    stride (a projection with bias columns past them: a view)."""
+    gen = torch.Generator().manual_seed(2 + interleaved)
+    dt = DTYPES[dtype]
+    heads, kv_heads, dim, tokens = 6, 2, 16, 9
+    wide = randn(gen, tokens, (heads + 2 * kv_heads) * dim + 8, dtype=dt)
+    qkv = wide[:, :(heads + 2 * kv_heads) * dim]
+    angles = torch.rand(tokens, dim // 2, generator=gen) * 6.3
+    cos, sin = angles.cos(), angles.sin()
+    if not interleaved:
+        cos, sin = cos.to(dt), sin.to(dt)  # neox rotates in the model dtype (Rotary.cos_sin)
+    k_cache = torch.full((4, 8, kv_heads, dim), float("nan"), dtype=dt)
+    v_cache = k_cache.clone()
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    slot_mapping = slots(gen, tokens, 32)
+    q = kernels.rotate_and_write_kv(qkv, heads, kv_heads, cos, sin, interleaved, k_cache, v_cache, slot_mapping)
+    q_ref = reference.rotate_and_write_kv(qkv, heads, kv_heads, cos, sin, interleaved, k_ref, v_ref, slot_mapping)
+    assert q.shape == (tokens, heads, dim) and q.dtype == dt
+    assert torch.equal(k_cache.isnan(), k_ref.isnan()) and torch.equal(v_cache.nan_to_num(3.0), v_ref.nan_to_num(3.0))
+    if dt == torch.float32:
+        assert torch.equal(q, q_ref) and torch.equal(k_cache.nan_to_num(3.0), k_ref.nan_to_num(3.0))
+    else:
+        assert torch.allclose(q.float(), q_ref.float(), rtol=2e-2, atol=2e-2)
+        assert torch.allclose(k_cache.float().nan_to_num(3.0), k_ref.float().nan_to_num(3.0), rtol=2e-2, atol=2e-2)
+    written = slot_mapping[slot_mapping >= 0]
+    assert k_cache.flatten(0, 1).isnan().all(-1).all(-1).sum() == 32 - len(written)

@@ -31,20 +31,17 @@ class Attention(nn.Module):
         self.qkv_proj = fused_linear(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.qkv_proj is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return self.qkv_proj(x).split([q, kv, kv], dim=-1)
-
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self._project(x)
-        q = self.rotary.apply(q.view(t, self.heads, self.head_dim), ctx.cos, ctx.sin)
-        k = self.rotary.apply(k.view(t, self.kv_heads, self.head_dim), ctx.cos, ctx.sin)
-        v = v.view(t, self.kv_heads, self.head_dim)
-        kernels.write_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
-        del k, v
+        if self.qkv_proj is not None:  # q and k rotated, k and v written to the caches: one launch on CUDA
+            q = kernels.rotate_and_write_kv(self.qkv_proj(x), self.heads, self.kv_heads, ctx.cos, ctx.sin,
+                                            self.rotary.interleaved, self.k_cache, self.v_cache, ctx.slot_mapping)
+        else:
+            q = self.rotary.apply(self.q_proj(x).view(t, self.heads, self.head_dim), ctx.cos, ctx.sin)
+            k = self.rotary.apply(self.k_proj(x).view(t, self.kv_heads, self.head_dim), ctx.cos, ctx.sin)
+            kernels.write_kv(k, self.v_proj(x).view(t, self.kv_heads, self.head_dim), self.k_cache, self.v_cache,
+                             ctx.slot_mapping)
+            del k
         nd = ctx.num_decode
         if nd == t:
             out = self._decode(q, ctx)
