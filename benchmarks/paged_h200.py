@@ -27,7 +27,7 @@ transformers, first-step logits against stock in bf16, and token equality on the
    weights within 1.3x of (KV floor + declared workspace).
 6. Kernel sweeps: first the skinny GEMM's tiles on the decode step's products against cuBLAS (section
    `skinny_gemm`: the tiles that win are installed for every later section and written to
-   skinny_gemm_tiles.json); before the decode section MLA decode's least tiles per range (section `mla_split`)
+   skinny_gemm_tiles.json); before the decode section the decode kernels' least tiles per range (section `decode_split`)
    and the two-launch MoE router against torch's (section `router`).
 Writes paged_h200.json and paged_h200.log to DIR ($OUT on the device machine); prints a short table last.
 """
@@ -408,45 +408,65 @@ def moe_tiles(device) -> dict:
     return {"rows": rows, "default": default, "best": best}
 
 
-def mla_split(device, bandwidth) -> dict:
-    """kernels.mla_decode over DeepSeek-V2-Lite's latent cache (16 heads, 512 + 64) and V2/V3's 128 heads, at
-    min_tiles 1, 2, 4, 8 (the least tiles per range: kernels/work_split.py): the time of decode plus the merge
-    of its partials as the engine runs them: in a CUDA graph, one call per layer over as many layers' caches as
-    make 160 MB (more than the 50 MB L2: each layer's latent is read cold, as in a decode step; one small
-    cache looped over reads from L2, and timing calls one by one times the host), the queries laid out as the
-    engine's absorbed projection leaves them, against the KV-bytes floor. Reported only: the best differs by
-    shape (the decode section runs kernels.mla.DEFAULT_CONFIG)."""
-    from kernels import mla
+COLD_BYTES = 160_000_000  # caches cycled through per timing: more than the H200's 50 MB L2
+# (name, sequences, context, query heads): MLA's latent 512 + 64; GQA's 4 KV heads of 128
+DECODE_SPLIT_SHAPES = [("mla v2-lite b8 x 550", 8, 550, 16), ("mla v2-lite b32 x 550", 32, 550, 16),
+                       ("mla v2-lite b8 x 4K", 8, 4096, 16), ("mla v2-lite b1 x 64K", 1, 65536, 16),
+                       ("mla v3 b8 x 4K, 128 heads", 8, 4096, 128), ("gqa r1 b1 x 544", 1, 544, 28),
+                       ("gqa r1 b8 x 544", 8, 544, 28), ("gqa r1 b32 x 544", 32, 544, 28),
+                       ("gqa r1 b1 x 32K", 1, 32768, 28)]
+
+
+def decode_split(device, bandwidth) -> dict:
+    """The decode kernels at min_tiles 1, 2, 4, 8 (the least tiles per range: kernels/work_split.py): MLA decode
+    over DeepSeek-V2-Lite's latent cache (16 heads, 512 + 64) and V2/V3's 128 heads, dense GQA decode over
+    R1-Distill-Qwen-7B's (28 / 4 heads of 128). The time of decode plus the merge of its partials as the engine
+    runs them: in a CUDA graph, one call per layer over as many layers' caches as make 160 MB (more than the
+    50 MB L2: each layer's cache is read cold, as in a decode step; one small cache looped over reads from L2,
+    and timing calls one by one times the host), against the KV-bytes floor. Reported only: the best differs by
+    shape (the decode section runs each kernel's DEFAULT_CONFIG)."""
+    from kernels import decode, mla
     from kernels_h200 import bench_graph  # the replay timer of the kernel benchmark (benchmarks/ is on sys.path)
 
     gen = torch.Generator(device=device).manual_seed(0)
-    shapes = [("v2-lite b8 x 550", 8, 550, 16), ("v2-lite b32 x 550", 32, 550, 16), ("v2-lite b8 x 4K", 8, 4096, 16),
-              ("v2-lite b1 x 64K", 1, 65536, 16), ("v3 b8 x 4K, 128 heads", 8, 4096, 128)]
     rows = []
-    for name, seqs, ctx, heads in shapes:
-        blocks_per_seq = -(-ctx // 16)
-        layers = max(1, -(-160_000_000 // (seqs * blocks_per_seq * 16 * 576 * 2)))
-        caches = [torch.randn(seqs * blocks_per_seq, 16, 576, device=device, dtype=torch.bfloat16, generator=gen)
-                  for _ in range(layers)]
-        cache = caches[0]
-        table = torch.randperm(seqs * blocks_per_seq, device=device, generator=gen).view(seqs, -1).int()
+    for name, seqs, ctx, heads in DECODE_SPLIT_SHAPES:
+        blocks = seqs * -(-ctx // 16)
+        table = torch.randperm(blocks, device=device, generator=gen).view(seqs, -1).int()
         lens = torch.full((seqs,), ctx, device=device, dtype=torch.int32)
-        # [heads, seqs, rank] transposed: the layout of the engine's bmm output
-        q_lat = torch.randn(heads, seqs, 512, device=device, dtype=torch.bfloat16, generator=gen).transpose(0, 1)
-        q_pe = torch.randn(seqs, heads, 64, device=device, dtype=torch.bfloat16, generator=gen)
-        floor = seqs * ctx * 576 * 2 / bandwidth
-        row = {"shape": name, "floor_us": floor * 1e6, "layers": layers}
-        ref = mla.mla_decode(q_lat, q_pe, cache, table, lens, 0.07, config={"min_tiles": 1})
+        bf16 = dict(device=device, dtype=torch.bfloat16, generator=gen)
+        if name.startswith("mla"):
+            row_bytes = 576 * 2  # one latent row per token
+            # [heads, seqs, rank] transposed: the layout of the engine's bmm output
+            q_lat, q_pe = torch.randn(heads, seqs, 512, **bf16).transpose(0, 1), torch.randn(seqs, heads, 64, **bf16)
+
+            def make_cache():
+                return torch.randn(blocks, 16, 576, **bf16)
+
+            def run(cache, cfg):
+                return mla.mla_decode(q_lat, q_pe, cache, table, lens, 0.07, config=cfg)
+        else:
+            row_bytes = 2 * 4 * 128 * 2  # K and V of 4 KV heads per token
+            q = torch.randn(seqs, heads, 128, **bf16)
+
+            def make_cache():
+                return torch.randn(blocks, 16, 4, 128, **bf16), torch.randn(blocks, 16, 4, 128, **bf16)
+
+            def run(cache, cfg):
+                return decode.paged_decode(q, *cache, table, lens, 0.088, config=cfg)
+        layers = max(1, -(-COLD_BYTES // (blocks * 16 * row_bytes)))
+        caches = [make_cache() for _ in range(layers)]
+        row = {"shape": name, "floor_us": seqs * ctx * row_bytes / bandwidth * 1e6, "layers": layers}
+        ref = run(caches[0], {"min_tiles": 1})
         for min_tiles in (1, 2, 4, 8):
             cfg = {"min_tiles": min_tiles}
-            out = mla.mla_decode(q_lat, q_pe, cache, table, lens, 0.07, config=cfg)
-            row[f"min_tiles_{min_tiles}_us"] = bench_graph(
-                lambda: [mla.mla_decode(q_lat, q_pe, c, table, lens, 0.07, config=cfg) for c in caches]) / layers * 1e3
-            row[f"min_tiles_{min_tiles}_max_diff"] = float((out.float() - ref.float()).abs().max())
+            row[f"min_tiles_{min_tiles}_max_diff"] = float((run(caches[0], cfg).float() - ref.float()).abs().max())
+            row[f"min_tiles_{min_tiles}_us"] = bench_graph(lambda: [run(c, cfg) for c in caches]) / layers * 1e3
         rows.append(row)
-        say("  mla split", json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))
-        del cache, caches
-    return {"rows": rows, "default_min_tiles": mla.DEFAULT_CONFIG["min_tiles"]}
+        say("  decode split", json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}))
+        del caches
+    return {"rows": rows, "default_min_tiles": {"mla": mla.DEFAULT_CONFIG["min_tiles"],
+                                                "gqa": decode.DEFAULT_CONFIG["min_tiles"]}}
 
 
 # The decode step's products: (name, N, K, bias, times per step). R1-Distill-Qwen-7B: 28 layers; DeepSeek-V2-Lite:
@@ -624,7 +644,7 @@ def main() -> int:
     parser.add_argument("--suite-items", default="r1-staggered-finish,v2-lite-mixed",
                         help="comma-separated suite workloads for the suite section")
     parser.add_argument("--skip", default="", help="comma-separated sections to skip: "
-                        "batch8,ctx32k,logits,tokens,moe_tiles,skinny_gemm,mla_split,router,decode,suite")
+                        "batch8,ctx32k,logits,tokens,moe_tiles,skinny_gemm,decode_split,router,decode,suite")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     device = resolve_device("cpu" if args.dry_run else "cuda")
@@ -660,9 +680,9 @@ def main() -> int:
         if "moe_tiles" not in skip and device.type == "cuda":
             say("fused MoE tiles, DeepSeek-V2-Lite shapes, bf16:")
             section(results, "moe_tiles", moe_tiles, device)
-        if "mla_split" not in skip and device.type == "cuda":
-            say("MLA decode, least tiles per range, bf16, cold latent per layer, in a CUDA graph:")
-            section(results, "mla_split", mla_split, device, bandwidth)
+        if "decode_split" not in skip and device.type == "cuda":
+            say("decode kernels (MLA, GQA), least tiles per range, bf16, cold cache per layer, in a CUDA graph:")
+            section(results, "decode_split", decode_split, device, bandwidth)
         if "router" not in skip and device.type == "cuda":
             say("MoE router, one Triton launch vs torch, bf16, in a CUDA graph:")
             section(results, "router", router, device)
@@ -710,11 +730,11 @@ def main() -> int:
                 + " |")
         say("expected decode step saving (us): " + json.dumps({k: round(v, 1) for k, v in
                                                               results["skinny_gemm"]["step_saving_us"].items()}))
-    if "mla_split" in results:
+    if "decode_split" in results:
         say("")
-        say("| MLA decode + merge | floor | min_tiles 1 | 2 | 4 | 8 |")
+        say("| decode + merge | floor | min_tiles 1 | 2 | 4 | 8 |")
         say("|---|---|---|---|---|---|")
-        for r in results["mla_split"]["rows"]:
+        for r in results["decode_split"]["rows"]:
             say(f"| {r['shape']} | {r['floor_us']:.1f} us | " + " | ".join(
                 f"{r[f'min_tiles_{m}_us']:.1f} us ({r[f'min_tiles_{m}_us'] / r['floor_us']:.2f}x)"
                 for m in (1, 2, 4, 8))

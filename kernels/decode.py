@@ -21,8 +21,9 @@ LOG2E = 1.4426950408889634
 # Grid size the occupancy probe compiles with: Triton folds an int argument equal to 1 into the
 # kernel (a different, smaller kernel), and one divisible by 16 gets other alignment hints.
 PROBE_PROGRAMS = 1001
-# Tuned on the H200 (benchmarks/results/): tokens per loop step, warps, pipeline depth.
-DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3}
+# Tuned on the H200 (benchmarks/results/): tokens per loop step, warps, pipeline depth; min_tiles: tiles per range
+# at least (kernels/work_split.py; benchmarks/paged_h200.py's decode_split section times 1, 2, 4, 8).
+DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "min_tiles": 1}
 
 
 @triton.jit
@@ -65,14 +66,15 @@ def _decode(
     stride_o_seq, stride_o_head,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Range j of KV head `kv_head`'s tile line (kernels/work_split.py)."""
     pid = tl.program_id(0)
     kv_head = pid % NUM_KV_HEADS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-    first, last = program_range(pid // NUM_KV_HEADS, line_ranges(num_programs, NUM_KV_HEADS, total, 1), total)
+    first, last = program_range(pid // NUM_KV_HEADS, line_ranges(num_programs, NUM_KV_HEADS, total, MIN_TILES),
+                                total)
     rows = tl.arange(0, GROUP_PAD)
     row_mask = rows < GROUP
     dims = tl.arange(0, HEAD_DIM_PAD)
@@ -98,7 +100,7 @@ def _decode(
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None, config=None, num_programs=None):
     """Triton paged decode. out: a buffer to write (tests poison it); config (block_n, num_warps,
-    num_stages, maxnreg) and num_programs override the tuned defaults and the one-wave grid."""
+    num_stages, maxnreg, min_tiles) and num_programs override the tuned defaults and the one-wave grid."""
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
@@ -113,7 +115,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
     consts = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
                   HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
                   BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
-                  DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(k_cache),
+                  MIN_TILES=cfg["min_tiles"], DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(k_cache),
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if on_gpu and cfg.get("maxnreg"):  # cap registers to fit more programs per multiprocessor
         consts["maxnreg"] = cfg["maxnreg"]
@@ -139,5 +141,6 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
     part_lse = torch.empty(num_programs * 2 * group, device=q.device, dtype=torch.float32)
     _decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_q_heads, units=num_kv_heads,
-                   rows=group, head_dim=head_dim, block_n=block_n, seqs_pad=consts["SEQS_PAD"])
+                   rows=group, head_dim=head_dim, block_n=block_n, seqs_pad=consts["SEQS_PAD"],
+                   min_tiles=cfg["min_tiles"])
     return out

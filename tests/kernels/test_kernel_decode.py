@@ -51,12 +51,14 @@ def test_matches_reference_half_precision(dtype, block_size, ratio):
     assert_close(out, fp32_reference(*case))
 
 
+@pytest.mark.parametrize("min_tiles", [1, 3])
 @pytest.mark.parametrize("num_programs", [1, 5, 40])
-def test_any_split_of_the_work_gives_the_same_answer(num_programs):
+def test_any_split_of_the_work_gives_the_same_answer(num_programs, min_tiles):
     # One long and several short sequences, one empty: units cut across programs, programs that
-    # cover several units, and (40) more programs than tiles, some with nothing to do.
+    # cover several units, and (40) more programs than tiles, some with nothing to do; with min_tiles 3
+    # fewer, longer ranges (programs past them idle).
     case = make_case(num_programs, 8, 8, 2, lengths=[37, 0, 5, 19, 1])
-    out = paged_decode(*case, out=poisoned(case[0]), num_programs=num_programs)
+    out = paged_decode(*case, out=poisoned(case[0]), num_programs=num_programs, config={"min_tiles": min_tiles})
     ref = fp32_reference(*case)
     assert_close(out, ref)
     assert torch.equal(out[1], torch.zeros_like(out[1]))  # nothing cached: zeros, not NaN
