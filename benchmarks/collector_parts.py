@@ -1,9 +1,10 @@
 """Which part of the default collectors costs a stack its speed on a GPU? One item, built and warmed up once in this
 process, run repeatedly (interleaved) under: no collector; the NVML poller process alone (at 10 ms and at 100 ms);
 the allocator reads at engine steps alone; all collectors; all collectors with the poller at 100 ms; all collectors
-without the allocator reads at steps; and no collector / the poller alone / all collectors with the allocator's
-cache given back before the run (as the paged stack's timed run starts: its warm-up ends with the graph capture's
-empty_cache, so every activation and vision-tower transient of the run is a cudaMalloc inside it). Build and
+without the allocator reads at steps; no collector / the poller alone / all collectors with the allocator's cache
+given back before the run (as the paged stack's timed run starts: its warm-up ends with the graph capture's
+empty_cache, so every activation and vision-tower transient of the run is a cudaMalloc inside it); and the poller
+reading the whole device's memory instead of each process's (the driver query it makes every 10 ms). Build and
 warm-up time, the wall time of each run, then the table. The first run of the process is a "none" and so is the
 last: their difference is what one-time work the warm-up left in the first run.
 
@@ -54,13 +55,20 @@ class NoStepReads(Collectors):
         self.timeline.append({"t": round(time.perf_counter() - self._t0, 6), "step": step, **values})
 
 
-def timed(stack, device, probe=None, collectors=None, poller_period=None, empty_cache=False) -> float:
+# A pid no process can have (Linux caps pids at 2**22): NVML never reports it, so after its first poll the poller
+# reads the whole device's memory (nvmlDeviceGetMemoryInfo) instead of each process's (GetComputeRunningProcesses).
+NO_PROCESS = 2**22 + 1
+
+
+def timed(stack, device, probe=None, collectors=None, poller_period=None, empty_cache=False,
+          device_wide=False) -> float:
     import torch
 
     on_gpu = is_cuda(device)
     if empty_cache:
         torch.cuda.empty_cache()
-    sampler = DeviceSampler(device, poller_period) if poller_period else None
+    sampler = (DeviceSampler(device, poller_period, NO_PROCESS if device_wide else None) if poller_period
+               else None)
     if sampler:
         sampler.start()
     if collectors:
@@ -96,6 +104,9 @@ def variants(stack, device) -> dict:
         "poller 10 ms only, cache given back": lambda: timed(stack, device, poller_period=0.01, empty_cache=True),
         "all collectors, cache given back": lambda: timed(stack, device, collectors=Collectors(device, options),
                                                           empty_cache=True),
+        "poller 10 ms device-wide only": lambda: timed(stack, device, poller_period=0.01, device_wide=True),
+        "poller 10 ms device-wide, cache given back": lambda: timed(stack, device, poller_period=0.01,
+                                                                    empty_cache=True, device_wide=True),
     }
     return runs if is_cuda(device) else {k: runs[k] for k in ("none", "all collectors")}
 
@@ -129,7 +140,7 @@ def main() -> int:
     base = statistics.median(walls["none"])
     print(f"\n{item}, {args.profile} profile, {device}, one process, built once; median wall per variant")
     for name, w in walls.items():
-        print(f"  {name:36s} {statistics.median(w):7.2f} s  {100 * (statistics.median(w) - base) / base:+6.1f}%"
+        print(f"  {name:44s} {statistics.median(w):7.2f} s  {100 * (statistics.median(w) - base) / base:+6.1f}%"
               f"  ({', '.join(f'{x:.2f}' for x in w)})")
     stack.close()
     return 0
