@@ -37,8 +37,9 @@ class VisionEncoder:
         """One image through the towers as the run sends each (one at a time, the workload's resolutions and
         dtype; not counted in images_encoded), so that on CUDA their one-time work (kernel modules loaded on
         first launch, cuDNN and cuBLAS set up for their shapes) happens before the timed run. Their transient
-        segments then go back to the driver: the run starts from the allocator state it started from without
-        this pass, so it takes the same segments and reaches the same peaks."""
+        segments then go back to the driver, as the graph capture just before gave its own back: the run starts
+        from the allocator state it started from without this pass, so it takes the same segments and reaches
+        the same peaks (with cuda_graphs off, the warm-up prefill's cached segments go back here too)."""
         self._features(image_pixels(self.workload, 1, self.device, self.dtype), 0)
         if is_cuda(self.device):
             torch.cuda.synchronize(self.device)
