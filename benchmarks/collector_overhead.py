@@ -58,7 +58,9 @@ def control(path: str, name: str, stack_name: str, device: str, profile: str) ->
     wl = _load(path, profile, name)
     dev = resolve_device(device)
     stack_cls = stacks.load(stack_name)
-    stack_cls.check(wl, dev)  # its imports, outside the build, as measure() does
+    stack_cls.check(wl, dev)  # its imports (and the model class's), outside the build, as measure() does
+    if stack_cls.attentions:
+        stack_cls.check_attention(stack_cls.attentions[0], wl, dev)
     stack = stack_cls(wl, dev)
     t0 = time.perf_counter()
     stack.prepare()
