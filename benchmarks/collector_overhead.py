@@ -57,9 +57,16 @@ def control(path: str, name: str, stack_name: str, device: str, profile: str) ->
 
     wl = _load(path, profile, name)
     dev = resolve_device(device)
-    stack = stacks.load(stack_name)(wl, dev)
+    stack_cls = stacks.load(stack_name)
+    stack_cls.check(wl, dev)  # its imports (and the model class's), outside the build, as measure() does
+    if stack_cls.attentions:
+        stack_cls.check_attention(stack_cls.attentions[0], wl, dev)
+    stack = stack_cls(wl, dev)
+    t0 = time.perf_counter()
     stack.prepare()
+    t1 = time.perf_counter()
     stack.warmup()
+    phases = {"build": round(t1 - t0, 3), "warmup": round(time.perf_counter() - t1, 3)}
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -67,7 +74,7 @@ def control(path: str, name: str, stack_name: str, device: str, profile: str) ->
     result = stack.run(NullProbe())
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     stack.close()
-    return {"time.wall": wall, "tokens_per_s": result.metrics["tokens_per_s"].value, "cpu_s": cpu}
+    return {"time.wall": wall, "tokens_per_s": result.metrics["tokens_per_s"].value, "cpu_s": cpu, "phases": phases}
 
 
 def collected(path: str, name: str, stack_name: str, device: str, profile: str) -> dict:
@@ -98,6 +105,11 @@ def _in_worker(mode: str, wl, stack: str, device: str) -> dict:
     if out.returncode or not lines:
         return {"failed": (out.stderr.strip().splitlines() or ["no output"])[-1]}
     return json.loads(lines[-1])
+
+
+def _phases(phases: dict) -> str:
+    """Build and warm-up seconds of one process: a first process on a fresh machine reads cold library pages."""
+    return f"{phases.get('build', float('nan')):.2f}/{phases.get('warmup', float('nan')):.2f} s"
 
 
 def _median(values):
@@ -195,7 +207,8 @@ def _item(wl, stack: str, settings: Settings, store: BaselineStore, device_class
         cpu_on.append(out["cpu_s"])
         print(item, f"round {i + 1}: on wall {m.metrics['time.wall'].value:.3f} s, cpu {out['cpu_s']:.3f} s, "
                     f"{m.metrics['tokens_per_s'].value:.2f} tok/s; off wall {c['time.wall']:.3f} s, "
-                    f"cpu {c['cpu_s']:.3f} s, {c['tokens_per_s']:.2f} tok/s; "
+                    f"cpu {c['cpu_s']:.3f} s, {c['tokens_per_s']:.2f} tok/s; {'off' if first_control else 'on'} first; "
+                    f"build/warm-up on {_phases(m.phases)}, off {_phases(c['phases'])}; "
                     f"gpu.device_used.peak {m.metrics['gpu.device_used.peak'].value}, "
                     f"gpu.fragmentation.peak {m.metrics['gpu.fragmentation.peak'].value}", flush=True)
     start = time.perf_counter()

@@ -1,11 +1,18 @@
-"""Which part of the default collectors costs a Python-bound stack its speed on a GPU? One item, built once in
-this process, run repeatedly (interleaved) under: no collector; the NVML poller process alone (at 10 ms and at
-100 ms); all collectors; all collectors with the poller at 100 ms. Wall time of each run, then the table.
+"""Which part of the default collectors costs a stack its speed on a GPU? One item, built and warmed up once in this
+process, run repeatedly (interleaved) under: no collector; the NVML poller process alone (at 10 ms and at 100 ms);
+the allocator reads at engine steps alone; all collectors; all collectors with the poller at 100 ms; all collectors
+without the allocator reads at steps; no collector / the poller alone / all collectors with the allocator's cache
+given back before the run (as the paged stack's timed run starts: its warm-up ends with the graph capture's
+empty_cache, so every activation and vision-tower transient of the run is a cudaMalloc inside it); and the poller
+reading the whole device's memory instead of each process's (the driver query it makes every 10 ms). Build and
+warm-up time, the wall time of each run, then the table. The first run of the process is a "none" and so is the
+last: their difference is what one-time work the warm-up left in the first run.
 
     .venv/bin/python benchmarks/collector_parts.py [--suite suites/r1_long_context.yaml] [--item r1-staggered-finish]
-        [--stack hf] [--profile full] [--reps 1]
+        [--stack hf] [--profile full] [--reps 1] [--device auto]
 
-Not a test: the numbers are for the closing note (benchmarks/results/collector_parts_*.log).
+On a CPU only the variants without a GPU part run (none, all collectors): a check that the script runs. Not a test:
+the numbers are for the closing note (benchmarks/results/collector_parts_*.log).
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ sys.path.insert(0, ROOT)
 
 from harness import project as config  # noqa: E402
 from harness import stacks, workload  # noqa: E402
-from harness.devices import resolve_device  # noqa: E402
+from harness.devices import is_cuda, resolve_device  # noqa: E402
 from harness.metrics.collect import CollectorOptions, Collectors  # noqa: E402
 from harness.metrics.sampler import DeviceSampler  # noqa: E402
 
@@ -31,17 +38,45 @@ class NullProbe:
         pass
 
 
-def timed(stack, device, probe=None, collectors=None, poller_period=None) -> float:
+class StepReads:
+    """The allocator reads at engine steps alone: what Collectors.step reads on a GPU, nothing else."""
+
+    def __init__(self, device):
+        self.sampler = DeviceSampler(device)
+
+    def step(self, step: int, **values) -> None:
+        self.sampler.sample(step)
+
+
+class NoStepReads(Collectors):
+    """Every collector, but a step records its timeline point without the allocator's counters."""
+
+    def step(self, step: int, **values) -> None:
+        self.timeline.append({"t": round(time.perf_counter() - self._t0, 6), "step": step, **values})
+
+
+# A pid no process can have (Linux caps pids at 2**22): NVML never reports it, so after its first poll the poller
+# reads the whole device's memory (nvmlDeviceGetMemoryInfo) instead of each process's (GetComputeRunningProcesses).
+NO_PROCESS = 2**22 + 1
+
+
+def timed(stack, device, probe=None, collectors=None, poller_period=None, empty_cache=False,
+          device_wide=False) -> float:
     import torch
 
-    sampler = DeviceSampler(device, poller_period) if poller_period else None
+    on_gpu = is_cuda(device)
+    if empty_cache:
+        torch.cuda.empty_cache()
+    sampler = (DeviceSampler(device, poller_period, NO_PROCESS if device_wide else None) if poller_period
+               else None)
     if sampler:
         sampler.start()
     if collectors:
         collectors.start()
         collectors.run_started()
     gc.collect()
-    torch.cuda.synchronize(device)
+    if on_gpu:
+        torch.cuda.synchronize(device)
     t = time.perf_counter()
     stack.run(collectors or probe or NullProbe())
     wall = time.perf_counter() - t
@@ -53,6 +88,29 @@ def timed(stack, device, probe=None, collectors=None, poller_period=None) -> flo
     return wall
 
 
+def variants(stack, device) -> dict:
+    """name -> one timed run, in the order they run; on a CPU only those without a GPU part."""
+    options = CollectorOptions(python_heap=False, cpu_tensors=False)
+    slow = CollectorOptions(python_heap=False, cpu_tensors=False, sample_period_s=0.1)
+    runs = {
+        "none": lambda: timed(stack, device),
+        "poller 10 ms only": lambda: timed(stack, device, poller_period=0.01),
+        "poller 100 ms only": lambda: timed(stack, device, poller_period=0.1),
+        "allocator reads at steps only": lambda: timed(stack, device, probe=StepReads(device)),
+        "all collectors": lambda: timed(stack, device, collectors=Collectors(device, options)),
+        "all collectors, poller 100 ms": lambda: timed(stack, device, collectors=Collectors(device, slow)),
+        "all but allocator reads at steps": lambda: timed(stack, device, collectors=NoStepReads(device, options)),
+        "none, cache given back": lambda: timed(stack, device, empty_cache=True),
+        "poller 10 ms only, cache given back": lambda: timed(stack, device, poller_period=0.01, empty_cache=True),
+        "all collectors, cache given back": lambda: timed(stack, device, collectors=Collectors(device, options),
+                                                          empty_cache=True),
+        "poller 10 ms device-wide only": lambda: timed(stack, device, poller_period=0.01, device_wide=True),
+        "poller 10 ms device-wide, cache given back": lambda: timed(stack, device, poller_period=0.01,
+                                                                    empty_cache=True, device_wide=True),
+    }
+    return runs if is_cuda(device) else {k: runs[k] for k in ("none", "all collectors")}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--suite", default="suites/r1_long_context.yaml")
@@ -60,32 +118,29 @@ def main() -> int:
     p.add_argument("--stack", default="hf")
     p.add_argument("--profile", default="full")
     p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--device", default="auto")
     args = p.parse_args()
     wl = next(w for w in workload.load_file(os.path.join(ROOT, args.suite), args.profile, stacks.names(),
                                             config.load(ROOT).thresholds) if w.name == args.item)
-    device = resolve_device("cuda")
+    device = resolve_device(args.device)
+    item = f"{args.item}[{args.stack}]"
     stack = stacks.load(args.stack)(wl, device)
+    t = time.perf_counter()
     stack.prepare()
+    build, t = time.perf_counter() - t, time.perf_counter()
     stack.warmup()
-    options = CollectorOptions(python_heap=False, cpu_tensors=False)
-    slow = CollectorOptions(python_heap=False, cpu_tensors=False, sample_period_s=0.1)
-    variants = {
-        "none": lambda: timed(stack, device),
-        "poller 10 ms only": lambda: timed(stack, device, poller_period=0.01),
-        "poller 100 ms only": lambda: timed(stack, device, poller_period=0.1),
-        "all collectors (poller 10 ms)": lambda: timed(stack, device, collectors=Collectors(device, options)),
-        "all collectors, poller 100 ms": lambda: timed(stack, device, collectors=Collectors(device, slow)),
-    }
-    walls: dict[str, list[float]] = {k: [] for k in variants}
+    print(f"{item} on {device}: build {build:.2f} s, warm-up {time.perf_counter() - t:.2f} s", flush=True)
+    runs = variants(stack, device)
+    walls: dict[str, list[float]] = {k: [] for k in runs}
     for rep in range(args.reps):
-        order = list(variants) + ["none"] if rep == 0 else list(variants)
+        order = list(runs) + ["none"] if rep == 0 else list(runs)
         for name in order:
-            walls[name].append(variants[name]())
-            print(f"{args.item}[{args.stack}] {name}: {walls[name][-1]:.2f} s", flush=True)
+            walls[name].append(runs[name]())
+            print(f"{item} {name}: {walls[name][-1]:.2f} s", flush=True)
     base = statistics.median(walls["none"])
-    print(f"\n{args.item}[{args.stack}], {args.profile} profile, one process, built once; median wall per variant")
+    print(f"\n{item}, {args.profile} profile, {device}, one process, built once; median wall per variant")
     for name, w in walls.items():
-        print(f"  {name:32s} {statistics.median(w):7.2f} s  {100 * (statistics.median(w) - base) / base:+6.1f}%"
+        print(f"  {name:44s} {statistics.median(w):7.2f} s  {100 * (statistics.median(w) - base) / base:+6.1f}%"
               f"  ({', '.join(f'{x:.2f}' for x in w)})")
     stack.close()
     return 0

@@ -19,10 +19,12 @@ POLLER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvml_poll.py"
 
 
 class DeviceSampler:
-    def __init__(self, device, period_s: float = 0.01):
+    def __init__(self, device, period_s: float = 0.01, pid: int | None = None):
+        """pid: the process (and children) whose device memory NVML counts; this one unless told."""
         import torch
 
         self.torch, self.device, self.period_s = torch, device, period_s
+        self.pid = os.getpid() if pid is None else pid
         self.samples: list[dict] = []
         self._poller: subprocess.Popen | None = None
         self.nvml_error: str | None = None
@@ -44,7 +46,7 @@ class DeviceSampler:
         self.sample()
         uuid = str(self.torch.cuda.get_device_properties(self.device).uuid)
         try:
-            self._poller = subprocess.Popen([sys.executable, POLLER, uuid, str(os.getpid()), str(self.period_s)],
+            self._poller = subprocess.Popen([sys.executable, POLLER, uuid, str(self.pid), str(self.period_s)],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             self._poller.stdout.readline()  # "ready": its first poll is in, before the model is built
         except OSError as e:

@@ -53,3 +53,36 @@ def test_image_features_reach_the_model(workload, paged, monkeypatch):
     blind, _ = run_stack(PagedStack, workload)
     assert blind.outputs[0] == reference.outputs[0]  # the text-only request does not see images
     assert any(blind.outputs[i] != reference.outputs[i] for i in (1, 2, 3))
+
+
+def _tower_calls(stack, monkeypatch) -> list:
+    """Record (low-res shape, high-res shape, dtype) of every image the towers are asked to encode."""
+    calls, original = [], stack.vision.model.get_image_features
+
+    def spy(pixel_values, high_res_pixel_values, **kwargs):
+        calls.append((tuple(pixel_values.shape), tuple(high_res_pixel_values.shape), pixel_values.dtype))
+        return original(pixel_values, high_res_pixel_values, **kwargs)
+
+    monkeypatch.setattr(stack.vision.model, "get_image_features", spy)
+    return calls
+
+
+def test_the_warmup_sends_one_image_of_the_runs_shape_through_the_towers_on_cuda_only(workload, paged, monkeypatch):
+    from paged_helpers import Probe
+
+    stack = PagedStack(workload, torch.device("cpu"))
+    stack.prepare()
+    calls = _tower_calls(stack, monkeypatch)
+    stack.warmup()
+    assert calls == []  # on the CPU the warm-up does nothing (a first run is no slower there)
+    monkeypatch.setattr(PagedStack, "on_cuda", lambda self: True)
+    stack.warmup()
+    assert len(calls) == 1 and calls[0][0][0] == 1 and calls[0][2] == stack.dtype
+    warm = calls[0]
+    try:
+        result = stack.run(Probe())
+    finally:
+        stack.close()
+    assert calls[1:] == [warm] * 4  # the run's 4 images: one at a time, the same shapes and dtype
+    assert result.outputs == paged.outputs  # the warm-up's image changes no token
+    assert any("4 images through the DeepSeek-VL towers" in n for n in result.notes)  # and is not counted

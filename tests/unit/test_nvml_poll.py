@@ -72,3 +72,9 @@ def test_unknown_device_and_driver_errors_are_reasons_not_crashes(tmp_path):
     assert missing["peak"] is None and "no device with the UUID uuid-7" in missing["error"]
     failing = poll(tmp_path, "uuid-1", os.getpid(), owner=os.getpid(), seconds=0, fail=True)
     assert failing["peak"] is None and failing["error"] == "NVML unavailable: Driver Not Loaded"
+
+
+def test_a_pid_no_process_has_reads_the_whole_device(tmp_path):
+    # benchmarks/collector_parts.py times the poller's device-wide query this way (DeviceSampler(pid=...))
+    result = poll(tmp_path, "GPU-uuid-0", 2**22 + 1, owner=os.getpid())
+    assert result["error"] is None and result["per_process"] is False and result["peak"] == 123456
