@@ -27,13 +27,19 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden, spec.eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden, spec.eps)
 
-    def forward(self, h: torch.Tensor, ctx: StepContext, residual: torch.Tensor | None = None):
-        """h: the previous layer's MLP output (the embeddings for the first layer), residual: the stream it adds
-        to (None first). Their sum is made inside the input norm's launch, as each sublayer's sum is made in the
-        next norm's: no launch of its own. Returns (this layer's MLP output, the stream it adds to)."""
-        a = self.self_attn(self.input_layernorm(h, residual=residual), ctx)  # h += residual
+    def forward(self, stream: list, ctx: StepContext) -> list:
+        """stream: [the previous layer's MLP output (the embeddings first), the stream it adds to (None first)].
+        Their sum is made inside the input norm's launch, as each sublayer's sum is made in the next norm's (no
+        launch of its own). The list is emptied here, so the residual goes once added, not after attention.
+        Returns [this layer's MLP output, the stream it adds to]."""
+        h, residual = stream
+        stream.clear()
+        x = self.input_layernorm(h, residual=residual)  # h += residual
+        del residual
+        a = self.self_attn(x, ctx)
+        del x
         m = self.mlp(self.post_attention_layernorm(a, residual=h))  # a += h
-        return m, a
+        return [m, a]
 
 
 class Decoder(nn.Module):
@@ -49,9 +55,11 @@ class Decoder(nn.Module):
         if ctx.image_rows is not None:  # image placeholders take their image's features (DeepSeek-VL)
             h[ctx.image_rows] = ctx.image_feats.to(h.dtype)
         ctx.cos, ctx.sin = self.rotary.cos_sin(ctx.positions, h.dtype)
-        residual = None
+        stream = [h, None]
+        del h  # (held by the stream only: each layer drops what it has added)
         for layer in self.layers:
-            h, residual = layer(h, ctx, residual)
+            stream = layer(stream, ctx)
+        h, residual = stream
         h += residual  # the last layer's sum: the final norm runs on the sampled rows only
         return h
 
