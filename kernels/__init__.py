@@ -170,8 +170,9 @@ def silu_mul_(gate_up):
 
 
 def linear(x, weight, bias=None):
-    """x [..., K] @ weight [N, K]^T (+ bias), as F.linear: a decode step's few rows through a Triton kernel where
-    this GPU has a measured tile for the product (kernels/skinny_gemm.py), cuBLAS otherwise; F.linear on the CPU."""
+    """x [..., K] @ weight [N, K]^T (+ bias), as F.linear: a decode step's few rows, captured in a CUDA graph,
+    through a Triton kernel where this GPU has a measured tile for the product (kernels/skinny_gemm.py), cuBLAS
+    otherwise; F.linear on the CPU."""
     if use_triton(x):
         from .skinny_gemm import linear as impl
 

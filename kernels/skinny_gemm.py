@@ -9,8 +9,9 @@ and takes a ticket; the last one adds the partials, adds the bias and writes y, 
 next call (CUDA graph replays included): one launch, the sum in float32 and one rounding, as cuBLAS.
 
 Tiles per (GPU, rows bucket, N, K) come from a table measured on that GPU (`benchmarks/paged_h200.py`,
-section `skinny_gemm`; `use_tiles` installs one); a product with no measured tile runs cuBLAS. Under the CPU
-interpreter a fixed small tile runs, for the tests."""
+section `skinny_gemm`; `use_tiles` installs one); a product with no measured tile runs cuBLAS, and so does a
+launch outside a CUDA graph capture (the decode steps replay graphs; an eager step's Triton launches would cost
+more host time than cuBLAS's). Under the CPU interpreter a fixed small tile runs, for the tests."""
 from __future__ import annotations
 
 import json
@@ -86,7 +87,9 @@ def _linear(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, M, N, K, k_per_
             tl.store(ticket_ptr + col_block, 0)  # ready for the next call
 
 
-_measured: dict[str, dict[str, Tiles]] | None = None
+TICKETS = 1 << 14  # split-K counters per device, at least: one per column block of the product running
+_measured: dict[str, dict[str, Tiles]] | None = None  # the table file's tiles (and use_tiles'), per GPU name
+_tables: dict[int, dict[str, Tiles]] = {}  # this GPU's, per device index
 _tickets: dict[torch.device, torch.Tensor] = {}
 
 
@@ -102,6 +105,7 @@ def table_key(rows: int, n: int, k: int) -> str:
 def use_tiles(gpu: str, table: dict[str, Tiles]) -> None:
     """Install measured tiles for a GPU (by torch.cuda.get_device_name) in this process, over the file's."""
     _load().setdefault(gpu, {}).update({key: Tiles(*t) for key, t in table.items()})
+    _tables.clear()
 
 
 def _load() -> dict[str, dict[str, Tiles]]:
@@ -113,23 +117,36 @@ def _load() -> dict[str, dict[str, Tiles]]:
 
 
 def tiles_for(device: torch.device, rows: int, n: int, k: int) -> Tiles | None:
-    """The measured tile of this product on this GPU, INTERPRETER_TILES on the CPU, None (cuBLAS) otherwise."""
+    """The measured tile of this product on this GPU while a CUDA graph captures it (replayed, the launch costs
+    nothing; launched eagerly from Python, a Triton launch takes more host time than cuBLAS's), INTERPRETER_TILES
+    on the CPU, None (cuBLAS) otherwise."""
     if not 0 < rows <= MAX_ROWS:
         return None
     if device.type != "cuda":
         return INTERPRETER_TILES
-    return _load().get(torch.cuda.get_device_name(device), {}).get(table_key(rows, n, k))
+    table = _device_table(device)
+    return table.get(table_key(rows, n, k)) if torch.cuda.is_current_stream_capturing() else None
+
+
+def _device_table(device: torch.device) -> dict[str, Tiles]:
+    """This GPU's tiles. The first call on a device also makes its split-K counters: it is an eager step (the
+    engine warms up and runs each graph's step eagerly before capturing), and a tensor made during a capture
+    would come from the graph's pool."""
+    table = _tables.get(device.index)
+    if table is None:
+        _ticket_counters(device, TICKETS)
+        table = _tables[device.index] = _load().get(torch.cuda.get_device_name(device), {})
+    return table
 
 
 def _ticket_counters(device: torch.device, blocks: int) -> torch.Tensor:
-    """Zeroed int32 counters, one per column block, kept per device: made at the eager warm-up step, before a
-    CUDA graph captures the call (a tensor made during capture would come from the graph's pool)."""
+    """Zeroed int32 counters, one per column block, kept per device (each launch leaves them at zero)."""
     counters = _tickets.get(device)
     if counters is None or counters.numel() < blocks:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"kernels.skinny_gemm: {blocks} split-K counters needed first inside a CUDA graph "
                                "capture; run the step once eagerly before capturing")
-        counters = torch.zeros(max(blocks, 1024), dtype=torch.int32, device=device)
+        counters = torch.zeros(max(blocks, TICKETS), dtype=torch.int32, device=device)
         _tickets[device] = counters
     return counters
 

@@ -69,11 +69,18 @@ def test_leading_dims_and_many_rows_fall_back():
     assert skinny_gemm.tiles_for(torch.device("cpu"), skinny_gemm.MAX_ROWS + 1, 20, 32) is None
 
 
-def test_cuda_runs_cublas_without_a_measured_tile(monkeypatch):
-    """On a GPU only measured tiles run the kernel: an unknown GPU or product gets None (cuBLAS)."""
+def test_cuda_runs_cublas_without_a_measured_tile_or_outside_a_graph_capture(monkeypatch):
+    """On a GPU only measured tiles run the kernel, and only into a CUDA graph: an unknown GPU or product, or an
+    eager launch, gets None (cuBLAS)."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(skinny_gemm, "_ticket_counters", lambda device, blocks: None)  # (no CUDA here)
+    monkeypatch.setattr(skinny_gemm, "_tables", {})
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(skinny_gemm, "_measured", {"NVIDIA H200": {"16x4608x3584": Tiles(64, 128, 4, 4, 4)}})
+    assert skinny_gemm.tiles_for(cuda, 8, 4608, 3584) is None  # eager
+    capturing[0] = True
     assert skinny_gemm.tiles_for(cuda, 8, 4608, 3584) == Tiles(64, 128, 4, 4, 4)
     assert skinny_gemm.tiles_for(cuda, 17, 4608, 3584) is None  # the 32-row bucket was not measured
     assert skinny_gemm.tiles_for(cuda, 8, 3584, 3584) is None

@@ -23,8 +23,9 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """nn.Linear through kernels.linear: a decode step's few rows read the weight with the skinny GEMM where this
-    GPU has a measured tile for the product, cuBLAS otherwise; F.linear on the CPU (same numbers as nn.Linear)."""
+    """nn.Linear through kernels.linear: a graph-captured decode step's few rows read the weight with the skinny
+    GEMM where this GPU has a measured tile for the product, cuBLAS otherwise; F.linear on the CPU (same numbers
+    as nn.Linear)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.linear(x, self.weight, self.bias)
