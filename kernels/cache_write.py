@@ -14,7 +14,7 @@ import triton.language as tl
 
 from .dispatch import fix_triton_interpreter, next_pow2
 from .norm import normalise
-from .rotary import load_pairs, rotate
+from .rotary import rotate_into
 
 fix_triton_interpreter()
 
@@ -48,12 +48,9 @@ def _write_latent_rows(
     tl.store(dst + cols, latent.to(dt).to(cache_dt), mask=mask)
     i = tl.arange(0, HALF_PAD)
     pairs = i < HALF
-    x1, x2 = load_pairs(row + RANK, i, pairs, HALF, INTERLEAVED)
     c = tl.load(cos_ptr + tok * stride_cs + i, mask=pairs, other=0.0)
     s = tl.load(sin_ptr + tok * stride_cs + i, mask=pairs, other=0.0)
-    o1, o2 = rotate(x1, x2, c, s, dt, INTERLEAVED)
-    tl.store(dst + RANK + i, o1.to(dt).to(cache_dt), mask=pairs)
-    tl.store(dst + RANK + HALF + i, o2.to(dt).to(cache_dt), mask=pairs)
+    rotate_into(row + RANK, dst + RANK, i, pairs, c, s, dt, HALF, INTERLEAVED)
 
 
 @triton.jit
@@ -90,22 +87,14 @@ def _rotate_write_kv_rows(
     c = tl.load(cos_ptr + tok * stride_cs + i, mask=pairs, other=0.0)[None, :]
     s = tl.load(sin_ptr + tok * stride_cs + i, mask=pairs, other=0.0)[None, :]
     heads = tl.arange(0, HEADS_PAD)
-    mask = (heads < HEADS)[:, None] & pairs[None, :]
-    x1, x2 = load_pairs(row + heads[:, None] * DIM, i[None, :], mask, HALF, INTERLEAVED)
-    o1, o2 = rotate(x1, x2, c, s, dt, INTERLEAVED)
-    out = q_ptr + tok * stride_q_tok + heads[:, None] * DIM + i[None, :]
-    tl.store(out, o1.to(dt), mask=mask)
-    tl.store(out + HALF, o2.to(dt), mask=mask)
+    rotate_into(row + heads[:, None] * DIM, q_ptr + tok * stride_q_tok + heads[:, None] * DIM, i[None, :],
+                (heads < HEADS)[:, None] & pairs[None, :], c, s, dt, HALF, INTERLEAVED)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if slot >= 0:
         kv = tl.arange(0, KV_PAD)
-        kv_mask = (kv < KV_HEADS)[:, None] & pairs[None, :]
-        k1, k2 = load_pairs(row + HEADS * DIM + kv[:, None] * DIM, i[None, :], kv_mask, HALF, INTERLEAVED)
-        r1, r2 = rotate(k1, k2, c, s, dt, INTERLEAVED)
         k_dst = k_cache_ptr + (slot // BLOCK_SIZE) * stride_kc_block + (slot % BLOCK_SIZE) * stride_kc_slot
-        cache_dt = k_cache_ptr.dtype.element_ty
-        tl.store(k_dst + kv[:, None] * DIM + i[None, :], r1.to(dt).to(cache_dt), mask=kv_mask)
-        tl.store(k_dst + kv[:, None] * DIM + HALF + i[None, :], r2.to(dt).to(cache_dt), mask=kv_mask)
+        rotate_into(row + HEADS * DIM + kv[:, None] * DIM, k_dst + kv[:, None] * DIM, i[None, :],
+                    (kv < KV_HEADS)[:, None] & pairs[None, :], c, s, dt, HALF, INTERLEAVED)
         cols = tl.arange(0, KV_WIDTH_PAD)
         _copy_row(row + (HEADS + KV_HEADS) * DIM, v_cache_ptr, slot, stride_vc_block, stride_vc_slot, cols,
                   cols < KV_HEADS * DIM, BLOCK_SIZE)

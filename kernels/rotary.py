@@ -42,6 +42,16 @@ def load_pairs(row, i, mask, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
 
 
 @triton.jit
+def rotate_into(src, dst, i, mask, c, s, dt, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """The rotary dims of the rows at src (pointers to each row's start, i the pair index) rotated by c, s in the
+    roundings of the layout, stored at dst (first halves, then second halves; rounded to dt, then dst's type)."""
+    x1, x2 = load_pairs(src, i, mask, HALF, INTERLEAVED)
+    o1, o2 = rotate(x1, x2, c, s, dt, INTERLEAVED)
+    tl.store(dst + i, o1.to(dt).to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF + i, o2.to(dt).to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _rotary(x_ptr, cos_ptr, sin_ptr, out_ptr, stride_x_tok, stride_x_head, stride_cs, stride_o_tok, stride_o_head,
             HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
             INTERLEAVED: tl.constexpr):
@@ -49,15 +59,11 @@ def _rotary(x_ptr, cos_ptr, sin_ptr, out_ptr, stride_x_tok, stride_x_head, strid
     heads = tl.arange(0, HEADS_PAD)
     i = tl.arange(0, HALF_PAD)
     mask = (heads < HEADS)[:, None] & (i < HALF)[None, :]
-    x1, x2 = load_pairs(x_ptr + tok * stride_x_tok + heads[:, None] * stride_x_head, i[None, :], mask, HALF,
-                        INTERLEAVED)
     c = tl.load(cos_ptr + tok * stride_cs + i, mask=i < HALF, other=0.0)[None, :]
     s = tl.load(sin_ptr + tok * stride_cs + i, mask=i < HALF, other=0.0)[None, :]
-    dt = out_ptr.dtype.element_ty
-    o1, o2 = rotate(x1, x2, c, s, dt, INTERLEAVED)
-    out = out_ptr + tok * stride_o_tok + heads[:, None] * stride_o_head + i[None, :]
-    tl.store(out, o1.to(dt), mask=mask)
-    tl.store(out + HALF, o2.to(dt), mask=mask)
+    rotate_into(x_ptr + tok * stride_x_tok + heads[:, None] * stride_x_head,
+                out_ptr + tok * stride_o_tok + heads[:, None] * stride_o_head, i[None, :], mask, c, s,
+                out_ptr.dtype.element_ty, HALF, INTERLEAVED)
 
 
 def rotary(x, cos, sin, interleaved: bool):

@@ -44,6 +44,14 @@ INTERPRETER_TILES = Tiles(block_n=16, block_k=32, split=2, warps=4, stages=1)
 
 
 @triton.jit
+def _store_rows(total, bias_ptr, cols, col_ok, out, done, HAS_BIAS: tl.constexpr):
+    """y's tile: the float32 sum plus the bias, rounded once to y's dtype."""
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(out, total.to(out.dtype.element_ty), mask=done)
+
+
+@triton.jit
 def _linear(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, M, N, K, k_per_split, stride_x, stride_w,
             stride_y, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -69,9 +77,7 @@ def _linear(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, M, N, K, k_per_
     out = y_ptr + rows.to(tl.int64)[:, None] * stride_y + cols[None, :]
     done = row_ok[:, None] & col_ok[None, :]
     if SPLIT == 1:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=done)
+        _store_rows(acc, bias_ptr, cols, col_ok, out, done, HAS_BIAS)
     else:
         parts = part_ptr + (rows[:, None] * N + cols[None, :]).to(tl.int64)  # partials [SPLIT, BLOCK_M, N]
         tl.store(parts + k_slice.to(tl.int64) * BLOCK_M * N, acc, mask=col_ok[None, :])
@@ -81,9 +87,7 @@ def _linear(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, M, N, K, k_per_
             total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLIT):
                 total += tl.load(parts + s * BLOCK_M * N, mask=col_ok[None, :], other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                total += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-            tl.store(out, total.to(y_ptr.dtype.element_ty), mask=done)
+            _store_rows(total, bias_ptr, cols, col_ok, out, done, HAS_BIAS)
             tl.store(ticket_ptr + col_block, 0)  # ready for the next call
 
 

@@ -51,17 +51,12 @@ class DecodeGraphs:
         hidden = self.model(ids.long(), ctx)
         return self.model.logits(hidden).argmax(-1)
 
-    def _pad(self, start: int) -> None:
-        """Rows start.. of the host buffer: token 0 at position 0, no slot, one cached token."""
-        ids, positions, slots, seq_lens, _ = self._views(self.host, self.max_batch)
-        ids[start:], positions[start:], slots[start:], seq_lens[start:] = 0, 0, -1, 1
-
     @torch.inference_mode()
     def capture(self) -> None:
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved(self.device)  # before the capture stream's cuBLAS workspace
-        self._pad(0)
+        self.pack([], [], [], [])  # every row padding: token 0 at position 0, no slot, one cached token
         self.host[4 * self.max_batch:] = 0  # block 0 in every table
         self.buffer.copy_(self.host)
         stream = torch.cuda.Stream(self.device)
