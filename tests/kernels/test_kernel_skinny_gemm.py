@@ -86,3 +86,18 @@ def test_cuda_runs_cublas_without_a_measured_tile_or_outside_a_graph_capture(mon
     assert skinny_gemm.tiles_for(cuda, 8, 3584, 3584) is None
     skinny_gemm.use_tiles("NVIDIA H200", {"32x4608x3584": [32, 256, 1, 4, 3]})
     assert skinny_gemm.tiles_for(cuda, 17, 4608, 3584) == Tiles(32, 256, 1, 4, 3)
+
+
+def test_committed_table_holds_tiles_the_kernel_takes(monkeypatch):
+    """kernels/skinny_gemm_tiles.json (written by benchmarks/paged_h200.py on each GPU): every entry is a rows bucket
+    and a product, and its tile runs right here (same kernel, smaller product: K slices of whole tiles)."""
+    monkeypatch.setattr(skinny_gemm, "_measured", None)
+    table = skinny_gemm._load()
+    assert table, "kernels/skinny_gemm_tiles.json holds no GPU"
+    for gpu, shapes in table.items():
+        for key, tiles in shapes.items():
+            rows, n, k = map(int, key.split("x"))
+            assert rows == skinny_gemm.rows_bucket(rows) and 0 < rows <= skinny_gemm.MAX_ROWS, (gpu, key)
+            assert n > 0 and k >= tiles.block_k * tiles.split, (gpu, key, tiles)
+            x, w, b = operands(rows // 2 + 1, tiles.block_n + 3, tiles.block_k * tiles.split)
+            assert_close(skinny_gemm.linear(x, w, b, tiles=tiles._replace(stages=1)), F.linear(x, w, b))
