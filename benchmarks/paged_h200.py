@@ -318,8 +318,8 @@ def decode_steps(preset, batches, prompt, device, bandwidth, dry_run) -> dict:
                 engine.scheduler.finish_step(batch, sampled, 0.0)
             step = sorted(times)[len(times) // 2]
             row[f"{mode}_step_s"] = step
-            if mode == "eager" and device.type == "cuda":
-                row["eager_kernels"] = kernel_profile(engine, device)
+            if device.type == "cuda":  # the graph's own kernels (its skinny tiles), and the eager step's
+                row[f"{mode}_kernels"] = kernel_profile(engine, device)
             if touched:  # eager steps only: the hooks do not run inside a graph replay
                 row["experts_touched_per_layer"] = sum(t.unique().numel() for t in touched) / len(touched)
         experts = row.get("experts_touched_per_layer", 0) * expert_bytes * len(moes)
@@ -349,21 +349,30 @@ def decode_steps(preset, batches, prompt, device, bandwidth, dry_run) -> dict:
 
 
 def kernel_profile(engine, device) -> dict:
-    """One more eager decode step under the torch profiler: its GPU kernels by name (launches, time), the
-    twelve longest and the sum. The sum against the graph step says how much of the step is launch gaps."""
+    """One more decode step (eager or a graph replay, as the runner is set) under the torch profiler: its GPU
+    kernels by name (launches, time), the twelve longest and the sum; the span from the first kernel's start to the
+    last one's end, and the step's host time around it. Kernel sum against the span: the gaps between launches;
+    span against the step: the host's packing, launch and read-back the GPU waits through."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     batch = engine.scheduler.schedule()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sync(device)
+        t = time.perf_counter()
         sampled = engine.runner.step(batch)
+        step_us = (time.perf_counter() - t) * 1e6
         sync(device)
     engine.scheduler.finish_step(batch, sampled, 0.0)
     rows = [(e.key, e.count, getattr(e, "self_device_time_total", None) or e.self_cuda_time_total)
             for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
     rows.sort(key=lambda r: -r[2])
+    spans = [e.time_range for e in prof.events() if e.device_type == DeviceType.CUDA]
     return {"kernel_us": round(sum(r[2] for r in rows), 1), "launches": sum(r[1] for r in rows),
-            "top": [[name[:70], count, round(us, 1)] for name, count, us in rows[:12]]}
+            "span_us": round(max(s.end for s in spans) - min(s.start for s in spans), 1) if spans else None,
+            "step_us": round(step_us, 1),
+            "top": [[name[:70], count, round(us, 1)] for name, count, us in rows[:12]],
+            "all": [[name[:70], count, round(us, 1)] for name, count, us in rows]}
 
 
 def moe_tiles(device) -> dict:
@@ -762,6 +771,17 @@ def main() -> int:
                     f"{r['hf_step_s'] * 1e3:.2f} ms | "
                     f"{r['hf_over_graphs']:.2f}x | {r.get('experts_touched_per_layer', '-')} | "
                     f"{r['graph_tokens_equal_eager']} |")
+    if "decode" in results:
+        say("")
+        say("| graph step (profiled) | batch | step | GPU span | kernels | launches | host outside the span "
+            "| gaps inside it |")
+        say("|---|---|---|---|---|---|---|---|")
+        for preset, d in results["decode"].items():
+            for b, r in d.get("batches", {}).items():
+                k = r.get("graphs_kernels")
+                if k and k["span_us"]:
+                    say(f"| {preset} | {b} | {k['step_us']:.0f} us | {k['span_us']:.0f} us | {k['kernel_us']:.0f} us "
+                        f"| {k['launches']} | {k['step_us'] - k['span_us']:.0f} us | {k['span_us'] - k['kernel_us']:.0f} us |")
     if "suite" in results:
         say("")
         say("| suite item | hf tokens/s | paged tokens/s | paged / hf (>= 3) | hf tpot | paged tpot "
