@@ -106,14 +106,15 @@ def rotate_and_write_kv(qkv, heads, kv_heads, cos, sin, interleaved, k_cache, v_
     return impl(qkv, heads, kv_heads, cos, sin, interleaved, k_cache, v_cache, slot_mapping)
 
 
-def write_latent(kv_a, norm_weight, eps, cos, sin, interleaved, latent_cache, slot_mapping):
+def write_latent(kv_a, norm_weight, eps, cos, sin, interleaved, latent_cache, slot_mapping, q_pe=None):
     """MLA's cache rows of new tokens from kv_a_proj_with_mqa's output [T, rank + rope]: the latent through
-    kv_a_layernorm (norm_weight, eps), the rope part rotated by cos/sin (as apply_rotary), at slot_mapping."""
+    kv_a_layernorm (norm_weight, eps), the rope part rotated by cos/sin (as apply_rotary), at slot_mapping.
+    With q_pe [T, heads, rope]: returns the query's rope heads rotated (apply_rotary's result), same launch."""
     if use_triton(kv_a):
         from .cache_write import write_latent as impl
     else:
         from .reference import write_latent as impl
-    impl(kv_a, norm_weight, eps, cos, sin, interleaved, latent_cache, slot_mapping)
+    return impl(kv_a, norm_weight, eps, cos, sin, interleaved, latent_cache, slot_mapping, q_pe)
 
 
 def route(x, weight, bias, *, method, top_k, n_group, topk_group, normalise, scaling):

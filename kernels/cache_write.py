@@ -4,8 +4,8 @@ A slot is block_id * block_size + offset (Sequence.slot_mapping, harness/stacks/
 padding token and is skipped. One program copies one token's row: all KV heads x head_dim of both
 K and V (one launch for the two caches; [num_kv_heads * head_dim] is contiguous in both the input
 and the cache), or MLA's 576-wide latent row, which it makes from kv_a_proj_with_mqa's output on the way:
-the first kv_lora_rank columns normalised (kv_a_layernorm), the rope columns rotated (three launches
-and a concatenation fewer per layer). From the fused [q | k | v] projection, one program per token also
+the first kv_lora_rank columns normalised (kv_a_layernorm), the rope columns rotated, and the query's rope
+heads rotated too (four launches and a concatenation fewer per layer). From the fused [q | k | v] projection, one program per token also
 rotates the query's and the key's heads and writes the key rotated (rotate_and_write_kv: two launches fewer).
 """
 import torch
@@ -28,29 +28,34 @@ def _copy_row(src_ptr, dst_ptr, slot, stride_dst_block, stride_dst_slot, cols, m
 
 @triton.jit
 def _write_latent_rows(
-    kv_ptr, norm_w_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, eps,
-    stride_kv_tok, stride_cs, stride_c_block, stride_c_slot,
+    kv_ptr, norm_w_ptr, cos_ptr, sin_ptr, cache_ptr, slot_ptr, q_ptr, q_out_ptr, eps,
+    stride_kv_tok, stride_cs, stride_c_block, stride_c_slot, stride_q_tok, stride_q_head, stride_qo_tok,
     BLOCK_SIZE: tl.constexpr, RANK: tl.constexpr, RANK_PAD: tl.constexpr, HALF: tl.constexpr,
-    HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
+    HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr, HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
 ):
+    """One token: its latent row into the cache at its slot (none for a padding token, slot < 0) and, with HEADS,
+    its query's rope heads rotated into q_out (padding tokens too: the step reads every row)."""
     tok = tl.program_id(0)
-    slot = tl.load(slot_ptr + tok).to(tl.int64)
-    if slot < 0:
-        return
-    row = kv_ptr + tok.to(tl.int64) * stride_kv_tok
-    dst = cache_ptr + (slot // BLOCK_SIZE) * stride_c_block + (slot % BLOCK_SIZE) * stride_c_slot
     dt = kv_ptr.dtype.element_ty
-    cache_dt = cache_ptr.dtype.element_ty
-    cols = tl.arange(0, RANK_PAD)
-    mask = cols < RANK
-    latent = normalise(tl.load(row + cols, mask=mask, other=0.0), tl.load(norm_w_ptr + cols, mask=mask, other=0.0),
-                       eps, RANK)
-    tl.store(dst + cols, latent.to(dt).to(cache_dt), mask=mask)
     i = tl.arange(0, HALF_PAD)
     pairs = i < HALF
     c = tl.load(cos_ptr + tok * stride_cs + i, mask=pairs, other=0.0)
     s = tl.load(sin_ptr + tok * stride_cs + i, mask=pairs, other=0.0)
-    rotate_into(row + RANK, dst + RANK, i, pairs, c, s, dt, HALF, INTERLEAVED)
+    if HEADS > 0:
+        heads = tl.arange(0, HEADS_PAD)
+        rotate_into(q_ptr + tok.to(tl.int64) * stride_q_tok + heads[:, None] * stride_q_head,
+                    q_out_ptr + tok.to(tl.int64) * stride_qo_tok + heads[:, None] * (2 * HALF), i[None, :],
+                    (heads < HEADS)[:, None] & pairs[None, :], c[None, :], s[None, :], dt, HALF, INTERLEAVED)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    if slot >= 0:
+        row = kv_ptr + tok.to(tl.int64) * stride_kv_tok
+        dst = cache_ptr + (slot // BLOCK_SIZE) * stride_c_block + (slot % BLOCK_SIZE) * stride_c_slot
+        cols = tl.arange(0, RANK_PAD)
+        mask = cols < RANK
+        latent = normalise(tl.load(row + cols, mask=mask, other=0.0),
+                           tl.load(norm_w_ptr + cols, mask=mask, other=0.0), eps, RANK)
+        tl.store(dst + cols, latent.to(dt).to(cache_ptr.dtype.element_ty), mask=mask)
+        rotate_into(row + RANK, dst + RANK, i, pairs, c, s, dt, HALF, INTERLEAVED)
 
 
 @triton.jit
@@ -129,23 +134,31 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     )
 
 
-def write_latent(kv_a, norm_weight, eps, cos, sin, interleaved, latent_cache, slot_mapping) -> None:
+def write_latent(kv_a, norm_weight, eps, cos, sin, interleaved, latent_cache, slot_mapping, q_pe=None):
     """kv_a [num_tokens, rank + rope] (kv_a_proj_with_mqa's output, unit stride in a row) -> latent_cache
     [blocks, block_size, rank + rope] at slot_mapping: [kv_a_layernorm(kv_c), rotary(k_pe)]. cos/sin
-    [num_tokens, rope / 2] as for kernels.apply_rotary."""
+    [num_tokens, rope / 2] as for kernels.apply_rotary. With q_pe [num_tokens, heads, rope] (the query's rope
+    heads, unit stride in a head): returns them rotated, contiguous, in the same launch (as apply_rotary would)."""
     num_tokens, width = kv_a.shape
-    if num_tokens == 0:
-        return
     half = cos.shape[-1]
     rank = width - 2 * half
     assert kv_a.stride(-1) == 1 and cos.stride() == sin.stride() and latent_cache.shape[-1] == width
     assert latent_cache[0, 0].is_contiguous(), "cache rows must be contiguous"
+    heads = 0 if q_pe is None else q_pe.shape[1]
+    q_out = None if q_pe is None else torch.empty(num_tokens, heads, 2 * half, dtype=q_pe.dtype, device=q_pe.device)
+    if heads:
+        assert q_pe.stride(-1) == 1 and q_pe.shape[-1] == 2 * half
+    if num_tokens == 0:
+        return q_out
+    q_args = (q_pe, q_out) if heads else (kv_a, kv_a)
+    q_strides = (q_pe.stride(0), q_pe.stride(1), q_out.stride(0)) if heads else (0, 0, 0)
     _write_latent_rows[(num_tokens,)](
-        kv_a, norm_weight, cos, sin, latent_cache, slot_mapping, eps,
-        kv_a.stride(0), cos.stride(0), latent_cache.stride(0), latent_cache.stride(1),
+        kv_a, norm_weight, cos, sin, latent_cache, slot_mapping, *q_args, eps,
+        kv_a.stride(0), cos.stride(0), latent_cache.stride(0), latent_cache.stride(1), *q_strides,
         BLOCK_SIZE=latent_cache.shape[1], RANK=rank, RANK_PAD=next_pow2(rank), HALF=half, HALF_PAD=next_pow2(half),
-        INTERLEAVED=interleaved, num_warps=4,
+        INTERLEAVED=interleaved, HEADS=heads, HEADS_PAD=next_pow2(max(heads, 1)), num_warps=4,
         enable_fp_fusion=False)  # the rotary's float32 roundings, as kernels/rotary.py
+    return q_out
 
 
 def rotate_and_write_kv(qkv, heads, kv_heads, cos, sin, interleaved, k_cache, v_cache, slot_mapping):

@@ -17,13 +17,15 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     _write_rows(value, v_cache, slot_mapping)
 
 
-def write_latent(kv_a, norm_weight, eps, cos, sin, interleaved, cache, slot_mapping) -> None:
+def write_latent(kv_a, norm_weight, eps, cos, sin, interleaved, cache, slot_mapping, q_pe=None):
     """MLA: the cache rows of new tokens from kv_a_proj_with_mqa's output [T, rank + rope]: the latent
-    normalised (kv_a_layernorm), the rope part rotated, side by side."""
+    normalised (kv_a_layernorm), the rope part rotated, side by side. With q_pe: the query's rope heads rotated."""
+    q_out = None if q_pe is None else rotary(q_pe, cos, sin, interleaved)
     rank = kv_a.shape[1] - 2 * cos.shape[-1]
     kv_c, k_pe = kv_a.split([rank, kv_a.shape[1] - rank], dim=-1)
     k_pe = rotary(k_pe.reshape(k_pe.shape[0], 1, -1), cos, sin, interleaved)[:, 0]
     _write_rows(torch.cat((rms_norm(kv_c, norm_weight, eps), k_pe), dim=-1), cache, slot_mapping)
+    return q_out
 
 
 def rotate_and_write_kv(qkv, heads, kv_heads, cos, sin, interleaved, k_cache, v_cache, slot_mapping):

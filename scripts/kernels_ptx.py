@@ -106,9 +106,9 @@ def launches() -> dict[str, tuple]:
             torch.randn(4, 36 * 128, dtype=bf16), 28, 4, torch.randn(4, 64, dtype=bf16), torch.randn(4, 64, dtype=bf16),
             False, torch.randn(blocks, block, 4, 128, dtype=bf16), torch.randn(blocks, block, 4, 128, dtype=bf16),
             torch.arange(4, dtype=torch.int64)),
-        "write latent (normalised, rotated)": lambda: cache_write.write_latent(
+        "write latent (normalised, rotated) and rotate q's 16 rope heads": lambda: cache_write.write_latent(
             torch.randn(4, 576, dtype=bf16), torch.randn(512, dtype=bf16), 1e-6, torch.randn(4, 32), torch.randn(4, 32),
-            True, latent, torch.arange(4, dtype=torch.int64)),
+            True, latent, torch.arange(4, dtype=torch.int64), q_pe=torch.randn(4, 16, 192, dtype=bf16)[..., 128:]),
         "rms norm + residual 3584": lambda: norm.rms_norm(
             torch.randn(4, 3584, dtype=bf16), torch.randn(3584, dtype=bf16), 1e-6,
             residual=torch.randn(4, 3584, dtype=bf16)),

@@ -71,6 +71,25 @@ def test_write_latent_bf16_deepseek_widths():
     assert torch.allclose(cache.float().nan_to_num(7.0), ref.float().nan_to_num(7.0), rtol=2e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_write_latent_rotates_the_querys_rope_heads_too(interleaved):
+    """q_pe, the rope part of each query head (a strided view of the projection, as the MLA layer passes it):
+    returned rotated bit for bit as kernels.apply_rotary's reference, padding tokens (slot -1) included; the
+    cache rows as without it."""
+    gen = torch.Generator().manual_seed(11 + int(interleaved))
+    kv_a, norm_w, cos, sin, cache, slot_mapping = latent_case(gen, 9, 48, 16, torch.float32, torch.float32)
+    slot_mapping[3] = -1
+    q = randn(gen, 9, 5, 24 + 16, dtype=torch.float32)
+    q_pe = q[..., 24:]
+    alone = cache.clone()
+    kernels.write_latent(kv_a, norm_w, 1e-6, cos, sin, interleaved, alone, slot_mapping)
+    rotated = kernels.write_latent(kv_a, norm_w, 1e-6, cos, sin, interleaved, cache, slot_mapping, q_pe=q_pe)
+    assert rotated.shape == (9, 5, 16) and rotated.is_contiguous()
+    assert torch.equal(rotated, reference.rotary(q_pe, cos, sin, interleaved))
+    assert torch.equal(cache.nan_to_num(7.0), alone.nan_to_num(7.0))
+    assert reference.write_latent(kv_a, norm_w, 1e-6, cos, sin, interleaved, alone, slot_mapping) is None
+
+
 def test_keys_split_from_a_fused_qkv_projection():
     """K/V as views into a wider qkv tensor (token stride larger than a row) are read correctly."""
     gen = torch.Generator().manual_seed(1)

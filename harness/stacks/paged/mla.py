@@ -65,10 +65,9 @@ class MLAttention(nn.Module):
         t, h = x.shape[0], self.heads
         q, kv = self._project(x)
         q_nope, q_pe = q.view(t, h, -1).split([self.nope, self.rope], dim=-1)
-        q_pe = self.rotary.apply(q_pe, ctx.cos, ctx.sin)
-        norm = self.kv_a_layernorm  # the latent normalised, its rope part rotated, into the cache: one launch
-        kernels.write_latent(kv, norm.weight, norm.eps, ctx.cos, ctx.sin, self.rotary.interleaved, self.latent_cache,
-                             ctx.slot_mapping)
+        norm = self.kv_a_layernorm  # the latent normalised and rotated into the cache, the query rotated: one launch
+        q_pe = kernels.write_latent(kv, norm.weight, norm.eps, ctx.cos, ctx.sin, self.rotary.interleaved,
+                                    self.latent_cache, ctx.slot_mapping, q_pe=q_pe)
         w = self.kv_b_proj.weight.view(h, self.nope + self.v_dim, self.rank)
         q_latent = torch.bmm(q_nope.transpose(0, 1), w[:, :self.nope]).transpose(0, 1)  # [t, h, rank]
         del q, q_nope, kv  # views of the fused projection's output: it goes now, not after attention
@@ -81,5 +80,10 @@ class MLAttention(nn.Module):
             kernels.mla_prefill(q_latent[nd:], q_pe[nd:], self.latent_cache, ctx.prefill_block_table,
                                 ctx.cu_seqlens_q, ctx.prefill_seq_lens, self.scale, ctx.max_q_len, out=out[nd:])
         del q_latent, q_pe
-        o = torch.bmm(out.transpose(0, 1), w[:, self.nope:].transpose(1, 2))  # [h, t, v]
-        return self.o_proj(o.transpose(0, 1).reshape(t, h * self.v_dim))
+        w_uv = w[:, self.nope:].transpose(1, 2)
+        if out.is_cuda:  # cuBLAS writes each head's columns of o_proj's input in place (no transposing copy)
+            o = out.new_empty(t, h * self.v_dim)
+            torch.bmm(out.transpose(0, 1), w_uv, out=o.view(t, h, self.v_dim).transpose(0, 1))
+        else:  # (the CPU's BLAS would copy through a temporary: the CPU baselines keep today's allocations)
+            o = torch.bmm(out.transpose(0, 1), w_uv).transpose(0, 1).reshape(t, h * self.v_dim)
+        return self.o_proj(o)
