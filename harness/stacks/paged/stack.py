@@ -137,19 +137,10 @@ class PagedStack(Stack):
         return self.workspace.total
 
     def run(self, collectors) -> RunResult:
-        if self.vision is None:
-            from ...models import prompt_ids
+        from .compile_watch import CompileWatch
 
-            seqs, meter, wall = self.engine.generate(self.requests, prompt_ids(self.workload, self.spec.vocab),
-                                                     collectors)
-        else:  # image placeholders first, then the text (as the hf stack lays them out)
-            from ...models import sequence_ids
-            from .vision import image_sources
-
-            per_image = self.workload.image_tokens
-            seqs, meter, wall = self.engine.generate(
-                self.requests, sequence_ids(self.workload, self.spec.vocab), collectors,
-                [r.images * per_image for r in self.requests], image_sources(self.requests))
+        with CompileWatch() as compiles:
+            seqs, meter, wall = self._generate(collectors)
         outputs = [s.output for s in seqs]
         metrics = meter.metrics()
         metrics.update(time_metrics(
@@ -172,10 +163,24 @@ class PagedStack(Stack):
             from .tensor_parallel import outputs_note
 
             notes += [outputs_note(outputs), self.shard_note]
+        if compiles.note():
+            notes.append(compiles.note())
         if self.vision is not None:
             notes.append(f"{self.vision.images_encoded} images through the DeepSeek-VL towers (transformers modules), "
                          f"{self.workload.image_tokens} tokens each")
         return RunResult(outputs, metrics, notes)
+
+    def _generate(self, collectors):
+        if self.vision is None:
+            from ...models import prompt_ids
+
+            return self.engine.generate(self.requests, prompt_ids(self.workload, self.spec.vocab), collectors)
+        from ...models import sequence_ids  # image placeholders first, then the text (as the hf stack lays them out)
+        from .vision import image_sources
+
+        per_image = self.workload.image_tokens
+        return self.engine.generate(self.requests, sequence_ids(self.workload, self.spec.vocab), collectors,
+                                    [r.images * per_image for r in self.requests], image_sources(self.requests))
 
     def close(self) -> None:
         self.engine = self.model = self.vision = None

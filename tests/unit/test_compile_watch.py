@@ -1,0 +1,36 @@
+"""The paged stack's note on Triton compiles inside the timed run (harness/stacks/paged/compile_watch.py).
+Triton calls the two hooks around each compile (triton.runtime.jit.JITFunction._do_compile); without a GPU no kernel
+compiles here, so the test calls them as Triton does, by keyword."""
+from types import SimpleNamespace
+
+import pytest
+
+knobs = pytest.importorskip("triton").knobs
+from harness.stacks.paged.compile_watch import CompileWatch  # noqa: E402
+
+
+def compile_of(name):
+    fn = SimpleNamespace(name=name)
+    assert knobs.runtime.jit_cache_hook(key="k", repr=name, fn=fn, compile={}, is_manual_warmup=False,
+                                        already_compiled=False) is False  # False: Triton goes on and compiles
+    knobs.runtime.jit_post_compile_hook(key="k", repr=name, fn=fn, compile={}, is_manual_warmup=False,
+                                        already_compiled=False)
+
+
+def test_counts_each_kernel_compiled_in_the_block_and_puts_the_hooks_back(monkeypatch):
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: seen.append(kw["fn"].name))
+    before = knobs.runtime.jit_post_compile_hook
+    with CompileWatch() as watch:
+        assert watch.note() is None
+        compile_of("_decode")
+        compile_of("_prefill")
+        compile_of("_decode")
+    assert knobs.runtime.jit_post_compile_hook is before and knobs.runtime.jit_cache_hook is None
+    assert seen == ["_decode", "_prefill", "_decode"]  # a hook installed before still runs
+    assert watch.kernels == {"_decode": 2, "_prefill": 1} and watch.seconds >= 0
+    note = watch.note()
+    assert note.startswith("Triton compiled 3 kernel variants inside the timed run (") and note.endswith(
+        "the warm-up missed them): _decode x2, _prefill")
+    knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="_rms_norm"))  # after the block: not counted
+    assert sum(watch.kernels.values()) == 3
