@@ -17,7 +17,8 @@ def compile_of(name):
                                         already_compiled=False)
 
 
-def test_counts_each_kernel_compiled_in_the_block_and_puts_the_hooks_back(monkeypatch):
+def test_counts_each_kernel_compiled_in_the_block_and_puts_the_hooks_back(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEMCHECK_TRITON_COMPILES", str(tmp_path / "compiles.log"))
     seen = []
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: seen.append(kw["fn"].name))
     before = knobs.runtime.jit_post_compile_hook
@@ -34,3 +35,4 @@ def test_counts_each_kernel_compiled_in_the_block_and_puts_the_hooks_back(monkey
         "the warm-up missed them): _decode x2, _prefill")
     knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="_rms_norm"))  # after the block: not counted
     assert sum(watch.kernels.values()) == 3
+    assert (tmp_path / "compiles.log").read_text().splitlines() == ["_decode", "_prefill", "_decode"]  # their reprs

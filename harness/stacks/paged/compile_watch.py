@@ -2,9 +2,11 @@
 time.wall, ttft and tpot; a kernel variant it did not cover (Triton specializes a kernel per constexpr and
 per integer argument equal to 1 or divisible by 16) compiles on first use, inside the run: on a runner with a
 cold Triton cache that is a compile of ~0.3-2 s, with a warm one a load from disk. Counted in-process, so
-the count is the same either way; the seconds are what this process spent."""
+the count is the same either way; the seconds are what this process spent. With MEMCHECK_TRITON_COMPILES set to a
+file, each compile's signature (Triton's repr: argument types, which integers it specialized) is appended there."""
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 
@@ -43,6 +45,10 @@ class CompileWatch:
             self.seconds += time.perf_counter() - self._started
             self._started = None
         self.kernels[kwargs["fn"].name] += 1
+        log = os.environ.get("MEMCHECK_TRITON_COMPILES")
+        if log:
+            with open(log, "a") as f:
+                f.write(f"{kwargs.get('repr')}\n")
         if self._previous[1]:
             self._previous[1](**kwargs)
 

@@ -13,6 +13,8 @@ one largest-bucket step's activations. Its size (with the capture stream's cuBLA
 measured at capture and declared with the workspace."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .context import StepContext
@@ -32,6 +34,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.tokens: dict[int, torch.Tensor] = {}
         self.pool_bytes = 0
+        self.replayed_at = 0.0
 
     @property
     def captured(self) -> bool:
@@ -104,6 +107,7 @@ class DecodeGraphs:
         m = self.max_batch
         self.buffer[:4 * m + b * self.width].copy_(self.host[:4 * m + b * self.width], non_blocking=True)
         self.graphs[b].replay()
+        self.replayed_at = time.perf_counter()  # the host's part of the step ends here (benchmarks/paged_h200.py)
         return self.tokens[b][:n].tolist()
 
     def describe(self) -> str:
