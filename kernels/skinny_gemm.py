@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .activation import silu_times
+from .activation import silu_mul_, silu_times
 from .dispatch import dot_precision, fix_triton_interpreter, upcast_dots
 from .dot import dot
 
@@ -185,8 +185,6 @@ def gated_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     tiles = tiles or tiles_for(gate_up.device, rows, weight.shape[0], k, gated=True)
     if (tiles is None or gate_up.dim() != 2 or gate_up.stride(-1) != 1 or weight.stride(-1) != 1
             or weight.shape[1] != k or gate_up.shape[-1] != 2 * k):
-        from .activation import silu_mul_
-
         return linear(silu_mul_(gate_up), weight, bias)
     return _launch(gate_up, weight, bias, tiles, gated=True)
 
