@@ -21,8 +21,9 @@ def counters(device: torch.device, count: int, user: str) -> torch.Tensor:
     held = _counters.get(device)
     if held is None or held.numel() < count:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"kernels.{user}: {count} ticket counters needed first inside a CUDA graph capture; "
-                               "run the step once eagerly before capturing")
+            made = 0 if held is None else held.numel()
+            raise RuntimeError(f"kernels.{user}: {count} ticket counters needed inside a CUDA graph capture, {made} "
+                               "made before it; run the step once eagerly before capturing")
         if held is not None:
             _outgrown.append(held)
         held = _counters[device] = torch.zeros(max(count, LEAST), dtype=torch.int32, device=device)
