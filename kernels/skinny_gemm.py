@@ -31,6 +31,7 @@ import triton.language as tl
 from .activation import silu_mul_, silu_times
 from .dispatch import dot_precision, fix_triton_interpreter, upcast_dots
 from .dot import dot
+from .tickets import counters
 
 fix_triton_interpreter()
 
@@ -103,7 +104,6 @@ def _linear(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, M, N, K, k_per_
 TICKETS = 1 << 14  # split-K counters per device, at least: one per column block of the product running
 _measured: dict[str, dict[str, Tiles]] | None = None  # the table file's tiles (and use_tiles'), per GPU name
 _tables: dict[int, dict[str, Tiles]] = {}  # this GPU's, per device index
-_tickets: dict[torch.device, torch.Tensor] = {}
 
 
 def rows_bucket(rows: int) -> int:
@@ -154,15 +154,8 @@ def _device_table(device: torch.device) -> dict[str, Tiles]:
 
 
 def _ticket_counters(device: torch.device, blocks: int) -> torch.Tensor:
-    """Zeroed int32 counters, one per column block, kept per device (each launch leaves them at zero)."""
-    counters = _tickets.get(device)
-    if counters is None or counters.numel() < blocks:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"kernels.skinny_gemm: {blocks} split-K counters needed first inside a CUDA graph "
-                               "capture; run the step once eagerly before capturing")
-        counters = torch.zeros(max(blocks, TICKETS), dtype=torch.int32, device=device)
-        _tickets[device] = counters
-    return counters
+    """Zeroed int32 counters, one per column block (kernels/tickets.py: each launch leaves them at zero)."""
+    return counters(device, blocks, "skinny_gemm")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
