@@ -434,11 +434,10 @@ DECODE_SPLIT_SHAPES = [("mla v2-lite b8 x 550", 8, 550, 16), ("mla v2-lite b32 x
 def decode_split(device, bandwidth) -> dict:
     """The decode kernels at min_tiles 1, 2, 4, 8 (the least tiles per range: kernels/work_split.py): MLA decode
     over DeepSeek-V2-Lite's latent cache (16 heads, 512 + 64) and V2/V3's 128 heads, dense GQA decode over
-    R1-Distill-Qwen-7B's (28 / 4 heads of 128). The time of the decode launch, which merges the partials of the
-    sequences its ranges cut (no second kernel since 2026-12-01), as the engine runs it: in a CUDA graph, one call
-    per layer over as many layers' caches as make 160 MB (more than the 50 MB L2: each layer's cache is read cold,
-    as in a decode step; one small cache looped over reads from L2, and timing calls one by one times the host),
-    against the KV-bytes floor. Reported only: the best differs by
+    R1-Distill-Qwen-7B's (28 / 4 heads of 128). The time of decode plus the merge of its partials as the engine
+    runs them: in a CUDA graph, one call per layer over as many layers' caches as make 160 MB (more than the
+    50 MB L2: each layer's cache is read cold, as in a decode step; one small cache looped over reads from L2,
+    and timing calls one by one times the host), against the KV-bytes floor. Reported only: the best differs by
     shape (the decode section runs each kernel's DEFAULT_CONFIG)."""
     from kernels import decode, mla
     from kernels_h200 import bench_graph  # the replay timer of the kernel benchmark (benchmarks/ is on sys.path)
@@ -789,7 +788,7 @@ def main() -> int:
                                                               results["skinny_gemm"]["step_saving_us"].items()}))
     if "decode_split" in results:
         say("")
-        say("| decode (one launch, merge inside) | floor | min_tiles 1 | 2 | 4 | 8 |")
+        say("| decode + merge | floor | min_tiles 1 | 2 | 4 | 8 |")
         say("|---|---|---|---|---|---|")
         for r in results["decode_split"]["rows"]:
             say(f"| {r['shape']} | {r['floor_us']:.1f} us | " + " | ".join(

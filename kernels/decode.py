@@ -4,8 +4,8 @@ A program attends for one KV head at a time, with all the query heads that share
 the group is padded to 16 rows so both products run on the tensor cores: decode is memory-bound,
 the padding costs no bytes). Split-context (flash-decoding), balanced: each KV head's tiles are
 split evenly over the programs the GPU holds at once (kernels/work_split.py), so one long sequence
-fills the GPU as well as many short ones, whatever the mix of lengths; the last program to finish
-a sequence that range boundaries cut merges its partials, in the same launch.
+fills the GPU as well as many short ones, whatever the mix of lengths; a small second kernel
+merges the sequences that a range boundary cut.
 """
 import torch
 import triton
@@ -13,9 +13,7 @@ import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot, softmax_update
-from . import tickets
-from .work_split import (line_ranges, locate, merge_cut_sequences, program_range, store_range_result, tile_line,
-                         zero_empty_sequences)
+from .work_split import line_ranges, locate, merge_partials, program_range, store_range_result, tile_line
 
 fix_triton_interpreter()
 
@@ -59,7 +57,7 @@ def attend_tokens(q, k_ptr, v_ptr, bt_row, kv_head, start, end, qk_scale,
 
 @triton.jit
 def _decode(
-    q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr, ticket_ptr,
+    q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     qk_scale, num_seqs, num_programs,
     stride_q_seq, stride_q_head,
     stride_k_block, stride_k_tok, stride_k_head,
@@ -71,8 +69,7 @@ def _decode(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Range j of KV head `kv_head`'s tile line, and the merges of the cut sequences it finishes last
-    (kernels/work_split.py)."""
+    """Range j of KV head `kv_head`'s tile line (kernels/work_split.py)."""
     pid = tl.program_id(0)
     kv_head = pid % NUM_KV_HEADS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
@@ -80,16 +77,14 @@ def _decode(
                                 total)
     rows = tl.arange(0, GROUP_PAD)
     row_mask = rows < GROUP
-    heads = kv_head * GROUP + rows
     dims = tl.arange(0, HEAD_DIM_PAD)
     out_mask = row_mask[:, None] & (dims < HEAD_DIM)[None, :]
-    zero_empty_sequences(seq_lens_ptr, num_seqs, pid // NUM_KV_HEADS, num_programs // NUM_KV_HEADS, out_ptr,
-                         stride_o_seq, stride_o_head, heads, dims, out_mask)
     x = first
     while x < last:
         seq, t_first, n, seq_len, seq_end = locate(x, seqs, lens, tiles, ends)
         seg_end = tl.minimum(last, seq_end)
         t_last = t_first + seg_end - x
+        heads = kv_head * GROUP + rows
         q = tl.load(q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :],
                     mask=out_mask, other=0.0)
         m, l, acc = attend_tokens(q, k_ptr, v_ptr, block_table_ptr + seq * stride_bt_seq, kv_head,
@@ -101,9 +96,6 @@ def _decode(
                            rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first, seg_end,
                            last, GROUP, HEAD_DIM)
         x = seg_end
-    merge_cut_sequences(first, last, seq_lens_ptr, num_seqs, num_programs, part_out_ptr, part_lse_ptr, ticket_ptr,
-                        out_ptr, stride_o_seq, stride_o_head, kv_head, GROUP, NUM_KV_HEADS, GROUP, HEAD_DIM, MIN_TILES,
-                        BLOCK_N, SEQS_PAD)
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None, config=None, num_programs=None):
@@ -128,10 +120,8 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
     if on_gpu and cfg.get("maxnreg"):  # cap registers to fit more programs per multiprocessor
         consts["maxnreg"] = cfg["maxnreg"]
 
-    counters = tickets.counters(q.device, num_seqs * num_kv_heads, "decode")
-
     def args(programs, part_out, part_lse):
-        return (q, k_cache, v_cache, block_table, seq_lens, out, part_out, part_lse, counters,
+        return (q, k_cache, v_cache, block_table, seq_lens, out, part_out, part_lse,
                 scale * LOG2E, num_seqs, programs,
                 q.stride(0), q.stride(1),
                 k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -150,4 +140,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
     part_out = torch.empty(num_programs * 2 * group * head_dim, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * group, device=q.device, dtype=torch.float32)
     _decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
+    merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_q_heads, units=num_kv_heads,
+                   rows=group, head_dim=head_dim, block_n=block_n, seqs_pad=consts["SEQS_PAD"],
+                   min_tiles=cfg["min_tiles"])
     return out

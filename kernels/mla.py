@@ -17,9 +17,7 @@ import triton.language as tl
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot, softmax_update
 from .prefill import prefill_rows
-from . import tickets
-from .work_split import (line_ranges, locate, merge_cut_sequences, program_range, store_range_result, tile_line,
-                         zero_empty_sequences)
+from .work_split import line_ranges, locate, merge_partials, program_range, store_range_result, tile_line
 
 fix_triton_interpreter()
 
@@ -68,7 +66,7 @@ def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_b
 
 @triton.jit
 def _mla_decode(
-    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr, ticket_ptr,
+    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     qk_scale, num_seqs, num_programs,
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head,
     stride_c_block, stride_c_tok,
@@ -79,8 +77,7 @@ def _mla_decode(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Range j of head block `head_block`'s tile line, and the merges of the cut sequences it finishes last
-    (kernels/work_split.py)."""
+    """Range j of head block `head_block`'s tile line (kernels/work_split.py)."""
     pid = tl.program_id(0)
     head_block = pid % NUM_HEAD_BLOCKS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
@@ -90,16 +87,14 @@ def _mla_decode(
     rank_dims = tl.arange(0, RANK_PAD)
     rank_mask = rank_dims < RANK
     rope_dims = tl.arange(0, ROPE_PAD)
-    heads = head_block * HEAD_BLOCK + rows
-    head_mask = heads < NUM_HEADS
-    out_mask = head_mask[:, None] & rank_mask[None, :]
-    zero_empty_sequences(seq_lens_ptr, num_seqs, pid // NUM_HEAD_BLOCKS, num_programs // NUM_HEAD_BLOCKS, out_ptr,
-                         stride_o_seq, stride_o_head, heads, rank_dims, out_mask)
     x = first
     while x < last:
         seq, t_first, n, seq_len, seq_end = locate(x, seqs, lens, tiles, ends)
         seg_end = tl.minimum(last, seq_end)
         t_last = t_first + seg_end - x
+        heads = head_block * HEAD_BLOCK + rows
+        head_mask = heads < NUM_HEADS
+        out_mask = head_mask[:, None] & rank_mask[None, :]
         q_lat = tl.load(q_latent_ptr + seq * stride_ql_seq + heads[:, None] * stride_ql_head + rank_dims[None, :],
                         mask=out_mask, other=0.0)
         q_pe = tl.load(q_pe_ptr + seq * stride_qp_seq + heads[:, None] * stride_qp_head + rope_dims[None, :],
@@ -112,10 +107,7 @@ def _mla_decode(
                            head_mask, rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first,
                            seg_end, last, HEAD_BLOCK, RANK)
         x = seg_end
-    merge_cut_sequences(first, last, seq_lens_ptr, num_seqs, num_programs, part_out_ptr, part_lse_ptr, ticket_ptr,
-                        out_ptr, stride_o_seq, stride_o_head, head_block,
-                        tl.minimum(HEAD_BLOCK, NUM_HEADS - head_block * HEAD_BLOCK), NUM_HEAD_BLOCKS, HEAD_BLOCK, RANK,
-                        MIN_TILES, BLOCK_N, SEQS_PAD)
+
 
 
 @triton.jit
@@ -217,10 +209,8 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     if on_gpu and cfg.get("maxnreg"):
         consts["maxnreg"] = cfg["maxnreg"]
 
-    counters = tickets.counters(q_latent.device, num_seqs * num_head_blocks, "mla")
-
     def args(programs, part_out, part_lse):
-        return (q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse, counters,
+        return (q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
                 scale * LOG2E, num_seqs, programs,
                 q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
                 latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0),
@@ -238,4 +228,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     part_out = torch.empty(num_programs * 2 * head_block * rank, device=q_latent.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * head_block, device=q_latent.device, dtype=torch.float32)
     _mla_decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
+    merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=num_head_blocks,
+                   rows=head_block, head_dim=rank, block_n=block_n, seqs_pad=consts["SEQS_PAD"],
+                   min_tiles=cfg["min_tiles"])
     return out

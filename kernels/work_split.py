@@ -13,27 +13,16 @@ Programs side by side take the same range of different units, so they read the s
 same time (all heads of a token row).
 A range crosses whole sequences and cuts at most two: its first and its last. A whole sequence's
 output is written directly; a cut one leaves a partial (output and log-sum-exp) in the program's
-slot 0 (its first sequence) or 1 (its last) and takes a ticket (kernels/tickets.py, one per sequence
-and unit) after its range: the program that draws the last, whichever finishes last, merges that
-sequence's partials into its output, in the same launch. Empty sequences get zeros from program
-j = seq mod P (P programs per unit).
+slot 0 (its first sequence) or 1 (its last), which combine_cut_units merges.
 Every program sums seq_lens itself: no host sync.
-
-Why the merging program sees every partial (the pattern of kernels/skinny_gemm.py's split-K): each
-program stores its partial, then tl.debug_barrier() (bar.sync: all its threads' stores are ordered
-before what follows), then one atomic add with acq_rel semantics at GPU scope: the release makes the
-partial visible to whoever acquires the counter later. The program whose add returns count - 1
-acquired every other program's release; a second barrier orders its threads after that acquire, and
-its loads of the partials use .cg (cached in L2 only, where the other multiprocessors' stores are,
-never a stale L1 line). It then puts the counter back to 0: the launch ends with every counter
-zeroed, ready for the next one or a CUDA graph replay. No program waits for another: no deadlock,
-whatever the order the programs run in.
 """
 import triton
 import triton.language as tl
 
+from .dispatch import next_pow2
 
-MERGE_J_BLOCK = tl.constexpr(8)  # partials merged per step
+COMBINE_DIM_BLOCK = 64  # output columns per combine program: more programs, a small [J, rows, 64] tile
+COMBINE_J_BLOCK = 8  # partials merged per step
 
 
 @triton.jit
@@ -81,8 +70,7 @@ def store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, hea
                        part_out_ptr, part_lse_ptr, pid, whole, x, first, seg_end, last,
                        ROWS: tl.constexpr, WIDTH: tl.constexpr):
     """A sequence's attention over this range: its output if the range holds all of it, else a
-    partial (output and log-sum-exp) in slot 0 if it is the range's first sequence, 1 if its last
-    (merge_cut_sequences takes its ticket after the range)."""
+    partial (output and log-sum-exp) in slot 0 if it is the range's first sequence, 1 if its last."""
     if whole:
         o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
         tl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -96,94 +84,67 @@ def store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, hea
                 tl.store(part_lse_ptr + at, lse, mask=row_mask)
 
 
-@triton.jit(noinline=True)
-def merge_cut_sequences(first, last, seq_lens_ptr, num_seqs, num_programs, part_out_ptr, part_lse_ptr, ticket_ptr,
-                        out_ptr, stride_o_seq, stride_o_head, unit, valid_rows,
-                        UNITS: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr, MIN_TILES: tl.constexpr,
-                        BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr):
-    """Called by every program after its range [first, last) of the unit's line: a ticket for each cut sequence it
-    left a partial of (at most two: the range's first and last sequence); drawing a sequence's last ticket, it
-    merges the partials into the output rows of the unit's valid_rows heads and puts the counter back to 0 for the
-    next launch or CUDA graph replay.
-    A function of its own (noinline: scalar arguments, the line recomputed from seq_lens). Inlined after the tile
-    loop, it cost registers there (sm_90, Triton 3.6's ptxas): GQA decode 162 -> ~200 registers, 2 programs per
-    multiprocessor instead of 3; the MLA tile loop, at its 168-register cap, 17 local loads and 6 stores per tile
-    against 2 and 0. As a call: 168 registers (3 programs), and 14 and 3."""
-    if first < last:
-        seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-        ranges = line_ranges(num_programs, UNITS, total, MIN_TILES)
-        first_seq = tl.sum((ends <= first).to(tl.int32), 0)
-        for k in range(2):
-            seq, _, n, _, seq_end = locate(tl.where(k == 0, first, last - 1), seqs, lens, tiles, ends)
-            j_first = program_of(seq_end - n, ranges, total)
-            j_last = program_of(seq_end - 1, ranges, total)
-            if (j_first != j_last) & ((k == 0) | (seq != first_seq)):  # cut, and not counted twice
-                ticket = ticket_ptr + seq * UNITS + unit
-                tl.debug_barrier()  # every thread's partial stored before the ticket releases them
-                if tl.atomic_add(ticket, 1) == j_last - j_first:  # acq_rel: the other programs' partials are visible
-                    tl.debug_barrier()  # every thread after that acquire (made by one thread)
-                    o_ptr = out_ptr + seq * stride_o_seq + unit * ROWS * stride_o_head
-                    merge_cut_sequence(part_out_ptr, part_lse_ptr, o_ptr, stride_o_head, unit, j_first, j_last,
-                                       valid_rows, UNITS, ROWS, WIDTH)
-                    tl.store(ticket, 0)
-
-
-@triton.constexpr_function
-def merge_rows(rows):
-    """Rows a merge step takes: the unit's, to a power of two (not the tensor cores' 16: registers)."""
-    return max(2, triton.next_power_of_2(rows))
-
-
-@triton.constexpr_function
-def merge_columns(width):
-    """Output columns a merge step takes (at most 64): a small [MERGE_J_BLOCK, rows, columns] float32 tile."""
-    return min(64, max(16, triton.next_power_of_2(width)))
-
-
 @triton.jit
-def merge_cut_sequence(part_out_ptr, part_lse_ptr, o_ptr, stride_o_head, unit, j_first, j_last, valid_rows,
-                       UNITS: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
-    """The output (o_ptr: its row of the unit's first head) of a sequence that range boundaries cut in this unit:
-    the partials of the programs holding it (slot 1 of the first, slot 0 of the others) merged by their
-    log-sum-exp, MERGE_J_BLOCK programs' partials of a few columns per step, for the unit's first valid_rows rows.
-    The loads bypass L1 (.cg): other multiprocessors stored those partials."""
-    ROWS_PAD: tl.constexpr = merge_rows(ROWS)
-    DIM_BLOCK: tl.constexpr = merge_columns(WIDTH)
-    J_BLOCK: tl.constexpr = MERGE_J_BLOCK
+def combine_cut_units(
+    part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_seqs, num_programs,
+    stride_o_seq, stride_o_head,
+    NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROWS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
+    J_BLOCK: tl.constexpr, MIN_TILES: tl.constexpr,
+):
+    """Grid (sequence, unit, DIM_BLOCK columns). If range boundaries cut the sequence in this unit,
+    merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
+    programs' partials per step, into the output rows of the unit's ROWS heads. Whole ones were
+    written already; empty sequences get zeros here."""
+    seq = tl.program_id(0)
+    unit = tl.program_id(1)
+    seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
+    ranges = line_ranges(num_programs, UNITS, total, MIN_TILES)
+    n = tl.sum(tl.where(seqs == seq, tiles, 0), 0)
     rows = tl.arange(0, ROWS_PAD)
-    row_mask = rows < valid_rows
-    for d0 in range(0, WIDTH, DIM_BLOCK):
-        dims = d0 + tl.arange(0, DIM_BLOCK)
-        m = tl.full([ROWS_PAD], float("-inf"), tl.float32)
-        w = tl.zeros([ROWS_PAD], tl.float32)
-        acc = tl.zeros([ROWS_PAD, DIM_BLOCK], tl.float32)
-        for j0 in range(j_first, j_last + 1, J_BLOCK):
-            js = j0 + tl.arange(0, J_BLOCK)
-            slot = (js == j_first).to(tl.int32)  # the first program holds the sequence's start in slot 1
-            at = ((js * UNITS + unit) * 2 + slot)[:, None] * ROWS + rows[None, :]  # [J, rows]
-            held = (js <= j_last)[:, None] & row_mask[None, :]
-            lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"), cache_modifier=".cg")
-            o = tl.load(part_out_ptr + at[:, :, None] * WIDTH + dims[None, None, :],
-                        mask=held[:, :, None] & (dims < WIDTH)[None, None, :], other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m, tl.max(lse, 0))
-            m_new = tl.where(row_mask, m_new, 0.0)  # padding rows: no -inf - -inf
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(lse - m_new[None, :])  # [J, rows]
-            acc = acc * alpha[:, None] + tl.sum(o * p[:, :, None], 0)
-            w = w * alpha + tl.sum(p, 0)
-            m = m_new
-        w = tl.where(row_mask, w, 1.0)
-        tl.store(o_ptr + rows[:, None] * stride_o_head + dims[None, :], (acc / w[:, None]).to(o_ptr.dtype.element_ty),
-                 mask=row_mask[:, None] & (dims < WIDTH)[None, :])
+    heads = unit * ROWS + rows
+    row_mask = (rows < ROWS) & (heads < NUM_HEADS)
+    dims = tl.program_id(2) * DIM_BLOCK + tl.arange(0, DIM_BLOCK)
+    mask = row_mask[:, None] & (dims < HEAD_DIM)[None, :]
+    o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
+    if n == 0:
+        tl.store(o_ptrs, tl.zeros([ROWS_PAD, DIM_BLOCK], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        seq_end = tl.sum(tl.where(seqs == seq, ends, 0), 0)
+        j_first = program_of(seq_end - n, ranges, total)
+        j_last = program_of(seq_end - 1, ranges, total)
+        if j_first != j_last:
+            m = tl.full([ROWS_PAD], float("-inf"), tl.float32)
+            w = tl.zeros([ROWS_PAD], tl.float32)
+            acc = tl.zeros([ROWS_PAD, DIM_BLOCK], tl.float32)
+            for j0 in range(j_first, j_last + 1, J_BLOCK):
+                js = j0 + tl.arange(0, J_BLOCK)
+                slot = (js == j_first).to(tl.int32)  # the first program holds the sequence's start in slot 1
+                at = ((js * UNITS + unit) * 2 + slot)[:, None] * ROWS + rows[None, :]  # [J, rows]
+                held = (js <= j_last)[:, None] & row_mask[None, :]
+                lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
+                o = tl.load(part_out_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
+                            mask=held[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0)
+                m_new = tl.maximum(m, tl.max(lse, 0))
+                m_new = tl.where(row_mask, m_new, 0.0)  # padding rows: no -inf - -inf
+                alpha = tl.exp2(m - m_new)
+                p = tl.exp2(lse - m_new[None, :])  # [J, rows]
+                acc = acc * alpha[:, None] + tl.sum(o * p[:, :, None], 0)
+                w = w * alpha + tl.sum(p, 0)
+                m = m_new
+            w = tl.where(row_mask, w, 1.0)
+            tl.store(o_ptrs, (acc / w[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def zero_empty_sequences(seq_lens_ptr, num_seqs, j, programs_per_unit, out_ptr, stride_o_seq, stride_o_head, heads,
-                         dims, out_mask):
-    """Sequences with nothing cached (a CUDA graph's padding rows) get zeros in this unit's rows: program j of the
-    unit writes sequences j, j + P, j + 2P ... of its P."""
-    for s in range(j, num_seqs, programs_per_unit):
-        if tl.load(seq_lens_ptr + s) == 0:
-            tl.store(out_ptr + s * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :],
-                     tl.zeros(out_mask.shape, out_ptr.dtype.element_ty), mask=out_mask)
-
+def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
+                   seqs_pad, min_tiles=1):
+    """Launch combine_cut_units over every (sequence, unit, column block)."""
+    dim_block = min(COMBINE_DIM_BLOCK, max(16, next_pow2(head_dim)))
+    num_seqs = seq_lens.shape[0]
+    combine_cut_units[(num_seqs, units, triton.cdiv(head_dim, dim_block))](
+        part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROWS_PAD=max(2, next_pow2(rows)),
+        HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=COMBINE_J_BLOCK,
+        MIN_TILES=min_tiles,
+        num_warps=4,
+    )

@@ -1,15 +1,13 @@
 """Paged decode (Triton, under the interpreter) against the float32 torch reference: random lengths
 (not multiples of the block), scattered block tables, block sizes 8/16/32, GQA ratios 1/4/7/8,
-fp32/fp16/bf16, outputs poisoned with NaN before every run; sequences cut by the work split merged in the
-launch by whichever program finishes them last, the ticket counters left at zero."""
+fp32/fp16/bf16, outputs poisoned with NaN before every run."""
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
 import kernels  # noqa: E402
-from kernel_helpers import (CUT_HELD, CUT_LENGTHS, CUT_RANGES, DTYPES, assert_close, poisoned,  # noqa: E402
-                            programs_holding, randn, run_programs_in_reverse, scattered_block_table, tickets_left)
+from kernel_helpers import DTYPES, assert_close, poisoned, randn, scattered_block_table  # noqa: E402
 from kernels import reference  # noqa: E402
 from kernels.decode import paged_decode  # noqa: E402
 
@@ -66,44 +64,15 @@ def test_any_split_of_the_work_gives_the_same_answer(num_programs, min_tiles):
     assert torch.equal(out[1], torch.zeros_like(out[1]))  # nothing cached: zeros, not NaN
 
 
-def test_one_long_sequence_merged_from_more_partials_than_a_merge_step_takes():
-    """One sequence cut over 20 programs per KV head: its last program merges them in several steps of
-    work_split.MERGE_J_BLOCK, and an idle program past the line's tiles changes nothing."""
-    from kernels.work_split import MERGE_J_BLOCK
+def test_one_long_sequence_merged_from_more_partials_than_a_combine_step_takes():
+    """One sequence cut over 20 programs per KV head: the combine merges them in several steps of
+    work_split.COMBINE_J_BLOCK, and an idle program past the line's tiles changes nothing."""
+    from kernels.work_split import COMBINE_J_BLOCK
 
     case = make_case(3, 8, 8, 2, lengths=[16 * 20 + 3])  # 21 tiles of 16 keys on the CPU
-    assert 20 > 2 * MERGE_J_BLOCK
+    assert 20 > 2 * COMBINE_J_BLOCK
     for num_programs in (2 * 20, 2 * 30):
         assert_close(paged_decode(*case, out=poisoned(case[0]), num_programs=num_programs), fp32_reference(*case))
-
-
-def test_the_cut_case_cuts_what_it_says():
-    assert programs_holding(CUT_LENGTHS, 16, CUT_RANGES) == CUT_HELD  # (the MLA tests use it too)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("ratio", [1, 4, 7])
-def test_cut_sequences_merged_in_the_launch_and_the_tickets_reset(ratio, dtype):
-    """Several cut sequences per KV head, one over 3 programs, programs holding two: each merged by the program
-    that took its last ticket; the counters end at zero, so a second launch (a CUDA graph replay) agrees."""
-    q_heads, kv_heads = RATIOS[ratio]
-    case = make_case(ratio, 8, q_heads, kv_heads, lengths=CUT_LENGTHS, dtype=DTYPES[dtype])
-    out = paged_decode(*case, out=poisoned(case[0]), num_programs=CUT_RANGES * kv_heads)
-    assert_close(out, fp32_reference(*case))
-    assert torch.equal(out[[1, 6]], torch.zeros_like(out[[1, 6]]))
-    assert tickets_left() == 0
-    again = paged_decode(*case, out=poisoned(case[0]), num_programs=CUT_RANGES * kv_heads)
-    assert torch.equal(again, out)
-
-
-def test_the_merge_does_not_depend_on_which_program_finishes_last(monkeypatch):
-    """Under the interpreter the programs run first to last, so a cut sequence's last program merges it; run last
-    to first, its first one does (and merges before its own next sequence): the same bits, counters back at zero."""
-    case = make_case(4, 8, 8, 2, lengths=CUT_LENGTHS)
-    forward = paged_decode(*case, out=poisoned(case[0]), num_programs=CUT_RANGES * 2)
-    run_programs_in_reverse(monkeypatch)
-    assert torch.equal(paged_decode(*case, out=poisoned(case[0]), num_programs=CUT_RANGES * 2), forward)
-    assert tickets_left() == 0
 
 
 @pytest.mark.parametrize("head_dim", [24, 64])

@@ -1,14 +1,12 @@
 """MLA decode with absorbed projections (Triton, under the interpreter) against the float32
-reference, and the reference against the unabsorbed multi-head form it stands for; sequences cut by the work
-split merged in the launch by whichever program finishes them last, the ticket counters left at zero."""
+reference, and the reference against the unabsorbed multi-head form it stands for."""
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
 import kernels  # noqa: E402
-from kernel_helpers import (CUT_LENGTHS, CUT_RANGES, DTYPES, assert_close, poisoned, randn,  # noqa: E402
-                            run_programs_in_reverse, scattered_block_table, tickets_left)
+from kernel_helpers import DTYPES, assert_close, poisoned, randn, scattered_block_table  # noqa: E402
 from kernels import reference  # noqa: E402
 from kernels.mla import mla_decode, mla_prefill  # noqa: E402
 
@@ -53,27 +51,6 @@ def test_one_long_sequence_merged_from_many_partials(min_tiles):
     case = make_case(4, 16, 16, [16 * 19 + 5])  # 20 tiles of 16 tokens on the CPU, one head block
     out = mla_decode(*case, out=poisoned(case[0]), num_programs=19, config={"min_tiles": min_tiles})
     assert_close(out, fp32_reference(*case))
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("heads", [16, 20, 40])  # 1, 2 and 3 head blocks of 16, the last two partly padding
-def test_cut_sequences_merged_in_the_launch_and_the_tickets_reset(heads, dtype):
-    """A head block's line cut as test_kernel_decode.py's GQA lines are (kernel_helpers.CUT_HELD)."""
-    case = make_case(heads, 8, heads, CUT_LENGTHS, dtype=DTYPES[dtype])
-    programs = CUT_RANGES * -(-heads // 16)
-    out = mla_decode(*case, out=poisoned(case[0]), num_programs=programs)
-    assert_close(out, fp32_reference(*case))
-    assert torch.equal(out[[1, 6]], torch.zeros_like(out[[1, 6]]))
-    assert tickets_left() == 0
-    assert torch.equal(mla_decode(*case, out=poisoned(case[0]), num_programs=programs), out)
-
-
-def test_the_merge_does_not_depend_on_which_program_finishes_last(monkeypatch):
-    case = make_case(5, 8, 20, CUT_LENGTHS)
-    forward = mla_decode(*case, out=poisoned(case[0]), num_programs=CUT_RANGES * 2)
-    run_programs_in_reverse(monkeypatch)
-    assert torch.equal(mla_decode(*case, out=poisoned(case[0]), num_programs=CUT_RANGES * 2), forward)
-    assert tickets_left() == 0
 
 
 def test_deepseek_v2_lite_widths_bf16():
