@@ -1,6 +1,7 @@
 """The paged stack's note on Triton compiles inside the timed run (harness/stacks/paged/compile_watch.py).
 Triton calls the two hooks around each compile (triton.runtime.jit.JITFunction._do_compile); without a GPU no kernel
 compiles here, so the test calls them as Triton does, by keyword."""
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -11,9 +12,10 @@ from harness.stacks.paged.compile_watch import CompileWatch  # noqa: E402
 
 def compile_of(name):
     fn = SimpleNamespace(name=name)
-    assert knobs.runtime.jit_cache_hook(key="k", repr=name, fn=fn, compile={}, is_manual_warmup=False,
+    spec = {"signature": {"num_seqs": "i32"}, "constants": {("BLOCK_N",): 64}, "configs": [{}]}
+    assert knobs.runtime.jit_cache_hook(key="k", repr=name, fn=fn, compile=spec, is_manual_warmup=False,
                                         already_compiled=False) is False  # False: Triton goes on and compiles
-    knobs.runtime.jit_post_compile_hook(key="k", repr=name, fn=fn, compile={}, is_manual_warmup=False,
+    knobs.runtime.jit_post_compile_hook(key="k", repr=name, fn=fn, compile=spec, is_manual_warmup=False,
                                         already_compiled=False)
 
 
@@ -35,4 +37,6 @@ def test_counts_each_kernel_compiled_in_the_block_and_puts_the_hooks_back(monkey
         "the warm-up missed them): _decode x2, _prefill")
     knobs.runtime.jit_post_compile_hook(fn=SimpleNamespace(name="_rms_norm"))  # after the block: not counted
     assert sum(watch.kernels.values()) == 3
-    assert (tmp_path / "compiles.log").read_text().splitlines() == ["_decode", "_prefill", "_decode"]  # their reprs
+    logged = [json.loads(line) for line in (tmp_path / "compiles.log").read_text().splitlines()]
+    assert [entry["kernel"] for entry in logged] == ["_decode", "_prefill", "_decode"]
+    assert logged[0]["signature"] == "{'num_seqs': 'i32'}" and logged[0]["constants"] == "{('BLOCK_N',): 64}"

@@ -3,9 +3,11 @@ time.wall, ttft and tpot; a kernel variant it did not cover (Triton specializes 
 per integer argument equal to 1 or divisible by 16) compiles on first use, inside the run: on a runner with a
 cold Triton cache that is a compile of ~0.3-2 s, with a warm one a load from disk. Counted in-process, so
 the count is the same either way; the seconds are what this process spent. With MEMCHECK_TRITON_COMPILES set to a
-file, each compile's signature (Triton's repr: argument types, which integers it specialized) is appended there."""
+file, each compile's signature is appended there as a JSON line (argument types, the arguments Triton folded as
+constants, e.g. an integer equal to 1, and its attributes: which arguments it took as divisible by 16)."""
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import Counter
@@ -47,8 +49,11 @@ class CompileWatch:
         self.kernels[kwargs["fn"].name] += 1
         log = os.environ.get("MEMCHECK_TRITON_COMPILES")
         if log:
+            spec = kwargs.get("compile", {})
             with open(log, "a") as f:
-                f.write(f"{kwargs.get('repr')}\n")
+                f.write(json.dumps({"kernel": kwargs["fn"].name, "signature": repr(spec.get("signature")),
+                                    "constants": repr(spec.get("constants")), "attrs": repr(spec.get("configs"))})
+                        + "\n")  # (repr: Triton keys some of these by tuples)
         if self._previous[1]:
             self._previous[1](**kwargs)
 
