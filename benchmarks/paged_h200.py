@@ -25,8 +25,7 @@ transformers, first-step logits against stock in bf16, and token equality on the
 5. Suite items (section `suite`), full profile, collectors without the host heap, hf (warmed up) and paged:
    r1-staggered-finish and v2-lite-mixed (--suite-items: others). Bar: paged tokens/s >= 3x hf; peak above
    weights within 1.3x of (KV floor + declared workspace).
-6. Kernel sweeps: first the skinny GEMM's tiles on the decode step's products against cuBLAS, and the MLPs' down
-   projections reading silu(gate) * up themselves against silu_mul_ + the down projection (section
+6. Kernel sweeps: first the skinny GEMM's tiles on the decode step's products against cuBLAS (section
    `skinny_gemm`: the tiles that win are installed for every later section and written to
    skinny_gemm_tiles.json); before the decode section the decode kernels' least tiles per range (section `decode_split`)
    and the two-launch MoE router against torch's (section `router`).
@@ -493,7 +492,6 @@ STEP_PRODUCTS = {
                          ("gate_up", 21888, 2048, False, 1), ("down", 2048, 10944, False, 1),
                          ("lm_head", 102400, 2048, False, 1)],
 }
-GATED_PRODUCTS = ("down",)  # a dense MLP's, fed by silu(gate) * up: also timed as kernels.gated_linear
 
 
 def skinny_candidates(n, k, sms):
@@ -509,43 +507,17 @@ def skinny_candidates(n, k, sms):
             yield Tiles(block_n, block_k, split, 4, 4)
 
 
-def graph_us(call, weights) -> float:
-    """call(weight) once per copy of the weight in a CUDA graph (each copy read cold): us per call."""
-    from kernels_h200 import bench_graph  # the replay timer of the kernel benchmark (benchmarks/ is on sys.path)
-
-    return bench_graph(lambda: [call(wi) for wi in weights]) / len(weights) * 1e3
-
-
-def time_tiles(run, ref, n, k, sms, weights) -> dict:
-    """run(weight, tiles) with each of skinny_candidates: checked against ref (relative error, first weight), then
-    timed over every copy (graph_us). -> tiles [[tile, us, error]], best (the fastest right one), wrong."""
-    timed = []
-    for tiles in skinny_candidates(n, k, sms):
-        try:
-            err = float((run(weights[0], tiles).float() - ref).norm() / ref.norm())
-            timed.append([list(tiles), round(graph_us(lambda wi: run(wi, tiles), weights), 2), err])
-        except Exception as e:  # noqa: BLE001 - a tile that does not fit is skipped, and said
-            timed.append([list(tiles), None, str(e)[:120]])
-    ok = [t for t in timed if t[1] is not None and t[2] < 2e-2]
-    return {"tiles": timed, "best": min(ok, key=lambda t: t[1]) if ok else None,
-            "wrong": [t for t in timed if t[1] is not None and t[2] >= 2e-2]}
-
-
 def skinny_gemm(device, bandwidth) -> dict:
     """kernels.linear's skinny GEMM on the decode step's products (STEP_PRODUCTS at 8 and 32 rows) against cuBLAS
     (F.linear), bf16: in a CUDA graph, one call per copy of the weight over 200+ MB of copies (each read cold, back
     to back as a step's layers run), every tile checked against F.linear first. Where the fastest tile beats cuBLAS
     by 3% or more it becomes this GPU's entry in kernels.skinny_gemm's table (installed for the sections after this
-    one, and written as skinny_gemm_tiles.json), else cuBLAS stays. Also: each step's expected saving.
-
-    GATED_PRODUCTS also as kernels.gated_linear (silu(gate) * up of the [gate | up] rows made as the down
-    projection loads them, one launch) against what the graph runs otherwise, silu_mul_ then the down projection
-    (cuBLAS, or the tile just installed), timed the same way: its tile is installed under the gated key by the
-    same 3% rule, and its saving over the two launches is added to the step's."""
+    one, and written as skinny_gemm_tiles.json), else cuBLAS stays. Also: each step's expected saving."""
     import torch.nn.functional as F
 
-    from kernels import activation, skinny_gemm
+    from kernels import skinny_gemm
     from kernels.dispatch import sm_count
+    from kernels_h200 import bench_graph  # the replay timer of the kernel benchmark (benchmarks/ is on sys.path)
 
     gen = torch.Generator(device=device).manual_seed(0)
     gpu, sms = torch.cuda.get_device_name(device), sm_count(device)
@@ -557,41 +529,30 @@ def skinny_gemm(device, bandwidth) -> dict:
             copies = max(2, -(-200_000_000 // (n * k * 2)))
             weights = [w] + [w.clone() for _ in range(copies - 1)]
             for m in (8, 32):
-                step = f"{preset} b{m}"
                 x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=gen)
+                ref = F.linear(x, w, bias).float()
                 row = {"preset": preset, "product": name, "n": n, "k": k, "rows": m,
                        "floor_us": n * k * 2 / bandwidth * 1e6,
-                       "cublas_us": graph_us(lambda wi: F.linear(x, wi, bias), weights)}
-                row.update(time_tiles(lambda wi, t: skinny_gemm.linear(x, wi, bias, tiles=t),
-                                      F.linear(x, w, bias).float(), n, k, sms, weights))
-                if row["best"] and row["best"][1] <= 0.97 * row["cublas_us"]:
-                    table[skinny_gemm.table_key(m, n, k)] = row["best"][0]
+                       "cublas_us": bench_graph(lambda: [F.linear(x, wi, bias) for wi in weights]) / copies * 1e3,
+                       "tiles": []}
+                for tiles in skinny_candidates(n, k, sms):
+                    try:
+                        err = float((skinny_gemm.linear(x, w, bias, tiles=tiles).float() - ref).norm() / ref.norm())
+                        us = bench_graph(lambda: [skinny_gemm.linear(x, wi, bias, tiles=tiles) for wi in weights])
+                        row["tiles"].append([list(tiles), round(us / copies * 1e3, 2), err])
+                    except Exception as e:  # noqa: BLE001 - a tile that does not fit is skipped, and said
+                        row["tiles"].append([list(tiles), None, str(e)[:120]])
+                ok = [t for t in row["tiles"] if t[1] is not None and t[2] < 2e-2]
+                row["wrong"] = [t for t in row["tiles"] if t[1] is not None and t[2] >= 2e-2]
+                best = min(ok, key=lambda t: t[1]) if ok else None
+                row["best"] = best
+                if best and best[1] <= 0.97 * row["cublas_us"]:
+                    table[skinny_gemm.table_key(m, n, k)] = best[0]
                     row["installed"] = True
-                    saving[step] = saving.get(step, 0) + per_step * (row["cublas_us"] - row["best"][1])
+                    saving[f"{preset} b{m}"] = saving.get(f"{preset} b{m}", 0) + per_step * (row["cublas_us"] - best[1])
                 rows.append(row)
                 say("  skinny gemm", json.dumps({key: row[key] for key in ("preset", "product", "rows", "floor_us",
                                                                            "cublas_us", "best", "wrong")}, default=str))
-                if name not in GATED_PRODUCTS:
-                    continue
-                gate_up = torch.randn(m, 2 * k, device=device, dtype=torch.bfloat16, generator=gen)
-                scratch = gate_up.clone()  # silu_mul_ rewrites its gate half on every replay (the times do not drift)
-                down = skinny_gemm.Tiles(*row["best"][0]) if row.get("installed") else None
-                gated = {"preset": preset, "product": f"{name}, gated", "n": n, "k": k, "rows": m,
-                         "floor_us": (n * k + m * 2 * k) * 2 / bandwidth * 1e6,  # the weight, gate_up's rows
-                         "cublas_us": graph_us(lambda wi: F.linear(activation.silu_mul_(scratch), wi, bias), weights),
-                         "down_tile": list(down) if down else None}
-                gated["unfused_us"] = gated["cublas_us"] if down is None else graph_us(
-                    lambda wi: skinny_gemm.linear(activation.silu_mul_(scratch), wi, bias, tiles=down), weights)
-                unfused = F.linear(activation.silu_mul_(gate_up.clone()), w, bias).float()
-                gated.update(time_tiles(lambda wi, t: skinny_gemm.gated_linear(gate_up, wi, bias, tiles=t), unfused,
-                                        n, k, sms, weights))
-                if gated["best"] and gated["best"][1] <= 0.97 * gated["unfused_us"]:
-                    table[skinny_gemm.table_key(m, n, k, gated=True)] = gated["best"][0]
-                    gated["installed"] = True
-                    saving[step] = saving.get(step, 0) + per_step * (gated["unfused_us"] - gated["best"][1])
-                rows.append(gated)
-                say("  skinny gemm", json.dumps({key: gated[key] for key in (
-                    "preset", "product", "rows", "floor_us", "cublas_us", "unfused_us", "best", "wrong")}, default=str))
             del weights, w
     skinny_gemm.use_tiles(gpu, table)
     return {"gpu": gpu, "rows": rows, "table": {"gpus": {gpu: {key: skinny_gemm.Tiles(*t)._asdict()
@@ -776,14 +737,10 @@ def main() -> int:
         say("|---|---|---|---|---|---|---|")
         for r in results["skinny_gemm"]["rows"]:
             best = r["best"] or [None, None]
-            cublas, otherwise = f"{r['cublas_us']:.1f} us", "cuBLAS"
-            if "unfused_us" in r:  # a gated product: against silu_mul_ and the down projection the graph runs
-                otherwise = "silu_mul_ + " + ("skinny" if r["down_tile"] else "cuBLAS")
-                cublas += " with silu_mul_" + (f" (skinny {r['unfused_us']:.1f} us)" if r["down_tile"] else "")
             say(f"| {r['preset']} {r['product']} {r['n']}x{r['k']} | {r['rows']} | {r['floor_us']:.1f} us | "
-                f"{cublas} | " + (f"{best[1]:.1f} us" if best[1] else "-") + f" | {best[0]} | "
-                + ("skinny" if r.get("installed") else otherwise)
-                + (f", {len(r['wrong'])} tiles WRONG" if r["wrong"] else "") + " |")
+                f"{r['cublas_us']:.1f} us | " + (f"{best[1]:.1f} us" if best[1] else "-") + f" | {best[0]} | "
+                + ("skinny" if r.get("installed") else "cuBLAS") + (f", {len(r['wrong'])} tiles WRONG" if r["wrong"] else "")
+                + " |")
         say("expected decode step saving (us): " + json.dumps({k: round(v, 1) for k, v in
                                                               results["skinny_gemm"]["step_saving_us"].items()}))
     if "decode_split" in results:

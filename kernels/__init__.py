@@ -13,8 +13,7 @@ Importing this package is cheap: torch and triton load on the first call.
 from .dispatch import use_triton
 
 __all__ = ["preload", "paged_decode", "paged_prefill", "mla_decode", "mla_prefill", "write_kv", "write_latent",
-           "route", "fused_moe", "rms_norm", "apply_rotary", "silu_mul_", "linear", "gated_linear",
-           "rotate_and_write_kv"]
+           "route", "fused_moe", "rms_norm", "apply_rotary", "silu_mul_", "linear", "rotate_and_write_kv"]
 
 
 TRITON_MODULES = ("decode", "prefill", "mla", "cache_write", "router", "moe", "norm", "rotary", "activation",
@@ -182,14 +181,3 @@ def linear(x, weight, bias=None):
     import torch.nn.functional as F
 
     return F.linear(x, weight, bias)
-
-
-def gated_linear(gate_up, weight, bias=None):
-    """The down projection of a gated MLP: silu(gate) * up of gate_up [T, 2 x K] ([gate | up] rows), @ weight [N, K]^T
-    (+ bias). Captured in a CUDA graph where this GPU has a measured tile for the gated product, one launch that
-    activates the rows as it loads them; otherwise silu_mul_ (gate_up's gate half overwritten) and linear."""
-    if use_triton(gate_up):
-        from .skinny_gemm import gated_linear as impl
-
-        return impl(gate_up, weight, bias)
-    return linear(silu_mul_(gate_up), weight, bias)

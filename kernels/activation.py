@@ -11,22 +11,15 @@ BLOCK = 1024
 
 
 @triton.jit
-def silu_times(gate, up):
-    """silu(gate) * up in gate's dtype, with torch's roundings (also the skinny GEMM's gated loads)."""
-    g = gate.to(tl.float32)
-    act = (g * tl.sigmoid(g)).to(gate.dtype).to(tl.float32)
-    return (act * up.to(tl.float32)).to(gate.dtype)
-
-
-@triton.jit
 def _silu_mul(gu_ptr, stride_row, INTER: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < INTER
     gate_ptr = gu_ptr + row * stride_row + cols
-    g = tl.load(gate_ptr, mask=mask, other=0.0)
-    u = tl.load(gate_ptr + INTER, mask=mask, other=0.0)
-    tl.store(gate_ptr, silu_times(g, u), mask=mask)
+    g = tl.load(gate_ptr, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gate_ptr + INTER, mask=mask, other=0.0).to(tl.float32)
+    act = (g * tl.sigmoid(g)).to(gu_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(gate_ptr, (act * u).to(gu_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_mul_(gate_up):

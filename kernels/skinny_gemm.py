@@ -8,13 +8,8 @@ slice of W with fp32 accumulation. With SPLIT > 1, each program of a column bloc
 and takes a ticket; the last one adds the partials, adds the bias and writes y, and resets the ticket for the
 next call (CUDA graph replays included): one launch, the sum in float32 and one rounding, as cuBLAS.
 
-GATED (gated_linear): x is a gated MLP's [gate | up] rows [rows, 2 x K], and the kernel multiplies silu(gate) * up,
-made as each tile loads with kernels.silu_mul_'s roundings: a decode step's down projection without the
-activation's own launch.
-
 Tiles per (GPU, rows bucket, N, K) come from a table measured on that GPU (`benchmarks/paged_h200.py`,
-section `skinny_gemm`; `use_tiles` installs one), the gated product's under its own key (its time includes the
-activation's); a product with no measured tile runs cuBLAS (gated: silu_mul_, then linear), and so does a
+section `skinny_gemm`; `use_tiles` installs one); a product with no measured tile runs cuBLAS, and so does a
 launch outside a CUDA graph capture (the decode steps replay graphs; an eager step's Triton launches would cost
 more host time than cuBLAS's). Under the CPU interpreter a fixed small tile runs, for the tests."""
 from __future__ import annotations
@@ -28,7 +23,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .activation import silu_mul_, silu_times
 from .dispatch import dot_precision, fix_triton_interpreter, upcast_dots
 from .dot import dot
 from .tickets import counters
@@ -36,7 +30,6 @@ from .tickets import counters
 fix_triton_interpreter()
 
 MAX_ROWS = 64  # above, a prefill: cuBLAS's tiles are the right ones
-GATED_KEY = ":silu"  # a table key's suffix for the gated product (its time includes the activation)
 TABLE_FILE = Path(__file__).with_name("skinny_gemm_tiles.json")  # measured tiles, per GPU name
 
 
@@ -62,8 +55,7 @@ def _store_rows(total, bias_ptr, cols, col_ok, out, done, HAS_BIAS: tl.constexpr
 @triton.jit
 def _linear(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, M, N, K, k_per_split, stride_x, stride_w,
             stride_y, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-            GATED: tl.constexpr):
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     col_block, k_slice = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     cols = col_block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -75,14 +67,13 @@ def _linear(x_ptr, w_ptr, bias_ptr, y_ptr, part_ptr, ticket_ptr, M, N, K, k_per_
     end = tl.minimum(start + k_per_split, K)
     for k in range(start, end, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
-        x_ok, w_ok = row_ok[:, None], col_ok[:, None]
-        if not EVEN_K:  # (EVEN_K: K, hence every slice, is whole tiles: no column mask on the weight's stream)
-            k_ok = (ks < end)[None, :]
-            x_ok, w_ok = x_ok & k_ok, w_ok & k_ok
-        x = tl.load(x_rows + ks[None, :], mask=x_ok, other=0.0)
-        if GATED:  # x holds the gate; up is K columns on
-            x = silu_times(x, tl.load(x_rows + K + ks[None, :], mask=x_ok, other=0.0))
-        w = tl.load(w_rows + ks[None, :], mask=w_ok, other=0.0)
+        if EVEN_K:  # (K, hence every slice, is whole tiles: no column mask on the weight's stream)
+            x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None], other=0.0)
+            w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None], other=0.0)
+        else:
+            k_ok = ks < end
+            x = tl.load(x_rows + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         acc += dot(x, tl.trans(w), DOT_PRECISION, UPCAST)
     out = y_ptr + rows.to(tl.int64)[:, None] * stride_y + cols[None, :]
     done = row_ok[:, None] & col_ok[None, :]
@@ -111,9 +102,8 @@ def rows_bucket(rows: int) -> int:
     return max(16, 1 << (rows - 1).bit_length())
 
 
-def table_key(rows: int, n: int, k: int, gated: bool = False) -> str:
-    """rows bucket x N x K, then GATED_KEY for the gated product."""
-    return f"{rows_bucket(rows)}x{n}x{k}" + (GATED_KEY if gated else "")
+def table_key(rows: int, n: int, k: int) -> str:
+    return f"{rows_bucket(rows)}x{n}x{k}"
 
 
 def use_tiles(gpu: str, table: dict[str, Tiles]) -> None:
@@ -130,7 +120,7 @@ def _load() -> dict[str, dict[str, Tiles]]:
     return _measured
 
 
-def tiles_for(device: torch.device, rows: int, n: int, k: int, gated: bool = False) -> Tiles | None:
+def tiles_for(device: torch.device, rows: int, n: int, k: int) -> Tiles | None:
     """The measured tile of this product on this GPU while a CUDA graph captures it (replayed, the launch costs
     nothing; launched eagerly from Python, a Triton launch takes more host time than cuBLAS's), INTERPRETER_TILES
     on the CPU, None (cuBLAS) otherwise."""
@@ -139,7 +129,7 @@ def tiles_for(device: torch.device, rows: int, n: int, k: int, gated: bool = Fal
     if device.type != "cuda":
         return INTERPRETER_TILES
     table = _device_table(device)
-    return table.get(table_key(rows, n, k, gated)) if torch.cuda.is_current_stream_capturing() else None
+    return table.get(table_key(rows, n, k)) if torch.cuda.is_current_stream_capturing() else None
 
 
 def _device_table(device: torch.device) -> dict[str, Tiles]:
@@ -163,29 +153,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """x [..., K] @ weight[N, K]^T (+ bias) in x's dtype; cuBLAS (F.linear) where no tile applies."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
-    tiles = tiles or tiles_for(x.device, x2.shape[0], weight.shape[0], k)
+    rows, n = x2.shape[0], weight.shape[0]
+    tiles = tiles or tiles_for(x.device, rows, n, k)
     if tiles is None or x2.stride(-1) != 1 or weight.stride(-1) != 1 or weight.shape[1] != k:
         return F.linear(x, weight, bias)
-    return _launch(x2, weight, bias, tiles, gated=False).view(*x.shape[:-1], weight.shape[0])
-
-
-def gated_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 tiles: Tiles | None = None) -> torch.Tensor:
-    """silu(gate) * up of gate_up [rows, 2 x K] ([gate | up] rows) @ weight [N, K]^T (+ bias), in gate_up's dtype.
-    One launch where this GPU has a tile measured for the gated product (gate_up left as it was); otherwise
-    kernels.silu_mul_ (in place: the gate half is overwritten, as the two launches always did) and linear."""
-    rows, k = gate_up.shape[0], gate_up.shape[-1] // 2
-    tiles = tiles or tiles_for(gate_up.device, rows, weight.shape[0], k, gated=True)
-    if (tiles is None or gate_up.dim() != 2 or gate_up.stride(-1) != 1 or weight.stride(-1) != 1
-            or weight.shape[1] != k or gate_up.shape[-1] != 2 * k):
-        return linear(silu_mul_(gate_up), weight, bias)
-    return _launch(gate_up, weight, bias, tiles, gated=True)
-
-
-def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tiles: Tiles,
-            gated: bool) -> torch.Tensor:
-    """y [rows, N] of x's rows [rows, K] (gated: [rows, 2 x K]), unit column strides, by the kernel."""
-    rows, (n, k) = x.shape[0], weight.shape
     block_m = rows_bucket(rows)
     k_per_split = triton.cdiv(triton.cdiv(k, tiles.split), tiles.block_k) * tiles.block_k
     split = triton.cdiv(k, k_per_split)  # (rounding the slices up to whole tiles can leave fewer)
@@ -194,9 +165,9 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ti
     parts = torch.empty(split, block_m, n, dtype=torch.float32, device=x.device) if split > 1 else y
     tickets = _ticket_counters(x.device, blocks) if split > 1 else y
     _linear[(blocks, split)](
-        x, weight, bias if bias is not None else y, y, parts, tickets, rows, n, k, k_per_split,
-        x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, SPLIT=split,
+        x2, weight, bias if bias is not None else y, y, parts, tickets, rows, n, k, k_per_split,
+        x2.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, SPLIT=split,
         EVEN_K=k % tiles.block_k == 0, BLOCK_M=block_m,
         BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, DOT_PRECISION=dot_precision(x.dtype),
-        UPCAST=upcast_dots(x), GATED=gated, num_warps=tiles.warps, num_stages=tiles.stages)
-    return y
+        UPCAST=upcast_dots(x), num_warps=tiles.warps, num_stages=tiles.stages)
+    return y.view(*x.shape[:-1], n)

@@ -123,9 +123,6 @@ def launches() -> dict[str, tuple]:
         "linear 32 rows, 2048 -> 3648, no split": lambda: skinny_gemm.linear(
             torch.randn(32, 2048, dtype=bf16), torch.randn(3648, 2048, dtype=bf16),
             tiles=skinny_gemm.Tiles(block_n=32, block_k=256, split=1, warps=4, stages=4)),
-        "gated linear 8 rows, silu(gate) * up 18944 -> 3584, K split 2": lambda: skinny_gemm.gated_linear(
-            torch.randn(8, 2 * 18944, dtype=bf16), torch.randn(3584, 18944, dtype=bf16),
-            tiles=skinny_gemm.Tiles(block_n=64, block_k=256, split=2, warps=4, stages=4)),
         "moe 8 experts, top 2, 2 shared": lambda: moe.fused_moe(
             torch.randn(5, 256, dtype=bf16), torch.randn(8, 2 * 96, 256, dtype=bf16),
             torch.randn(8, 256, 96, dtype=bf16), torch.rand(5, 2), torch.randint(0, 8, (5, 2)),

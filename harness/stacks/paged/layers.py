@@ -30,11 +30,6 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.linear(x, self.weight, self.bias)
 
-    def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """This layer of silu(gate) * up, from a gated MLP's [gate | up] rows (kernels.gated_linear: in a captured
-        decode step, one launch where the GPU has a measured tile for it)."""
-        return kernels.gated_linear(gate_up, self.weight, self.bias)
-
 
 def fused_linear(*linears: nn.Linear) -> nn.Linear:
     """One linear layer whose output is the given layers' outputs side by side (one matrix product
@@ -51,8 +46,7 @@ def fused_linear(*linears: nn.Linear) -> nn.Linear:
 
 class GatedMLP(nn.Module):
     """down(silu(gate(x)) * up(x)), the activation and product done in place (two intermediate rows live, not four).
-    After fuse(), gate and up are one projection (gate_up_proj: [gate; up] rows), and the down projection reads its
-    rows (down_proj.gated: the activation in place, or made as the down projection loads them)."""
+    After fuse(), gate and up are one projection (gate_up_proj: [gate; up] rows)."""
 
     def __init__(self, hidden: int, intermediate: int, bias: bool = False):
         super().__init__()
@@ -76,8 +70,9 @@ class GatedMLP(nn.Module):
         if self.gate_up_proj is None:
             h = F.silu(self.gate_proj(x), inplace=True)
             h.mul_(self.up_proj(x))
-            return self.down_proj(h)
-        return self.down_proj.gated(self.gate_up_proj(x))
+        else:  # h: the gate half of [gate, up] rows, a strided view the down projection reads in place
+            h = kernels.silu_mul_(self.gate_up_proj(x))
+        return self.down_proj(h)
 
 
 class Rotary:

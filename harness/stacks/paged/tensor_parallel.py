@@ -80,13 +80,7 @@ class RowParallelLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._reduced(kernels.linear(x, self.weight))
-
-    def gated(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """forward of silu(gate) * up, from this rank's [gate | up] rows (layers.Linear.gated)."""
-        return self._reduced(kernels.gated_linear(gate_up, self.weight))
-
-    def _reduced(self, y: torch.Tensor) -> torch.Tensor:
+        y = kernels.linear(x, self.weight)
         dist.all_reduce(y)
         if self.bias is not None:
             y += self.bias
