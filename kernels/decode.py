@@ -13,7 +13,8 @@ import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot, softmax_update
-from .work_split import line_ranges, locate, merge_partials, program_range, store_range_result, tile_line
+from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
+                         tile_line)
 
 fix_triton_interpreter()
 
@@ -55,7 +56,7 @@ def attend_tokens(q, k_ptr, v_ptr, bt_row, kv_head, start, end, qk_scale,
     return m, l, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RUN_TIME_INTS)
 def _decode(
     q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     qk_scale, num_seqs, num_programs,

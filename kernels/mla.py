@@ -17,7 +17,8 @@ import triton.language as tl
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot, softmax_update
 from .prefill import prefill_rows
-from .work_split import line_ranges, locate, merge_partials, program_range, store_range_result, tile_line
+from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
+                         tile_line)
 
 fix_triton_interpreter()
 
@@ -64,7 +65,7 @@ def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_b
     return m, l, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RUN_TIME_INTS)
 def _mla_decode(
     q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     qk_scale, num_seqs, num_programs,
@@ -110,7 +111,7 @@ def _mla_decode(
 
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt_seq"])  # (see work_split.RUN_TIME_INTS)
 def _mla_prefill(
     q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr,
     qk_scale,

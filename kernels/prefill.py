@@ -35,7 +35,7 @@ def prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, BLOCK_Q: tl.constexpr, PER_TOKE
     return seq, q_start, q_len, tl.load(seq_lens_ptr + seq) - q_len, tok, rows % PER_TOKEN
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt_seq"])  # (see work_split.RUN_TIME_INTS)
 def _prefill(
     q_ptr, k_ptr, v_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr,
     qk_scale,

@@ -21,6 +21,11 @@ import triton.language as tl
 
 from .dispatch import next_pow2
 
+# Integer arguments that change from step to step (how many sequences, the grid, an eager step's block-table width):
+# Triton would compile a variant for each value equal to 1 or divisible by 16 it meets, inside the timed run where the
+# warm-up missed it (the H200's cold-cache runs compiled 14 such variants of _decode, _prefill and combine_cut_units:
+# benchmarks/results/triton_compiles_2026-12-01_nvidia-h200_cold-cache.jsonl). Not specialized: one variant each.
+RUN_TIME_INTS = ["num_seqs", "num_programs", "stride_bt_seq"]
 COMBINE_DIM_BLOCK = 64  # output columns per combine program: more programs, a small [J, rows, 64] tile
 COMBINE_J_BLOCK = 8  # partials merged per step
 
@@ -84,7 +89,7 @@ def store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, hea
                 tl.store(part_lse_ptr + at, lse, mask=row_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RUN_TIME_INTS[:2])
 def combine_cut_units(
     part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_seqs, num_programs,
     stride_o_seq, stride_o_head,

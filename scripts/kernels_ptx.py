@@ -69,8 +69,9 @@ def divisible_by_16(value) -> bool:
 def compile_ptx(kernel: JITFunction, values: dict, options: dict) -> str:
     constexprs = {kernel.arg_names[i]: values[kernel.arg_names[i]] for i in kernel.constexprs}
     signature = {name: "constexpr" if name in constexprs else arg_type(values[name]) for name in kernel.arg_names}
+    fixed = {kernel.arg_names[i] if isinstance(i, int) else i for i in kernel.do_not_specialize}  # never specialized
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-             if name not in constexprs and divisible_by_16(values[name])}
+             if name not in constexprs and name not in fixed and divisible_by_16(values[name])}
     compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=H200, options=options)
     # Line locations and the debug sections move when code moves; the instructions are what the GPU runs.
     ptx = compiled.asm["ptx"].split("\t.section\t.debug", 1)[0]
