@@ -760,33 +760,29 @@ def main() -> int:
             say(f"| {r['router']} | {r['tokens']} | {r['triton_us']:.1f} us | {r['torch_us']:.1f} us | "
                 f"{r['same_experts']} |")
     if "decode" in results:
+        steps = [(preset, b, r) for preset, d in results["decode"].items() for b, r in d.get("batches", {}).items()]
         say("")
         say("| decode step | batch | floor | graphs (x floor, <= 1.5) | eager (x floor) | hf | hf / graphs "
             "| experts touched/layer | graph = eager tokens |")
         say("|---|---|---|---|---|---|---|---|---|")
-        for preset, d in results["decode"].items():
-            if "batches" not in d:
-                continue
-            for b, r in d["batches"].items():
-                g = r.get("graphs_step_s")
-                say(f"| {preset} | {b} | {r['floor_s'] * 1e3:.2f} ms | "
-                    + (f"{g * 1e3:.2f} ms ({r['graphs_over_floor']:.2f}x) | " if g else "- | ")
-                    + f"{r['eager_step_s'] * 1e3:.2f} ms ({r['eager_over_floor']:.2f}x) | "
-                    f"{r['hf_step_s'] * 1e3:.2f} ms | "
-                    f"{r['hf_over_graphs']:.2f}x | {r.get('experts_touched_per_layer', '-')} | "
-                    f"{r['graph_tokens_equal_eager']} |")
-    if "decode" in results:
+        for preset, b, r in steps:
+            g = r.get("graphs_step_s")
+            say(f"| {preset} | {b} | {r['floor_s'] * 1e3:.2f} ms | "
+                + (f"{g * 1e3:.2f} ms ({r['graphs_over_floor']:.2f}x) | " if g else "- | ")
+                + f"{r['eager_step_s'] * 1e3:.2f} ms ({r['eager_over_floor']:.2f}x) | "
+                f"{r['hf_step_s'] * 1e3:.2f} ms | "
+                f"{r['hf_over_graphs']:.2f}x | {r.get('experts_touched_per_layer', '-')} | "
+                f"{r['graph_tokens_equal_eager']} |")
         say("")
         say("| graph step (profiled) | batch | step | GPU span | kernels | launches | host outside the span "
             "| gaps inside it | host before the replay, unprofiled |")
         say("|---|---|---|---|---|---|---|---|---|")
-        for preset, d in results["decode"].items():
-            for b, r in d.get("batches", {}).items():
-                k = r.get("graphs_kernels")
-                if k and k["span_us"]:
-                    say(f"| {preset} | {b} | {k['step_us']:.0f} us | {k['span_us']:.0f} us | {k['kernel_us']:.0f} us "
-                        f"| {k['launches']} | {k['step_us'] - k['span_us']:.0f} us | {k['span_us'] - k['kernel_us']:.0f} us "
-                        f"| {r['graphs_host_s'] * 1e6:.0f} us |")
+        for preset, b, r in steps:
+            k = r.get("graphs_kernels")
+            if k and k["span_us"]:
+                say(f"| {preset} | {b} | {k['step_us']:.0f} us | {k['span_us']:.0f} us | {k['kernel_us']:.0f} us "
+                    f"| {k['launches']} | {k['step_us'] - k['span_us']:.0f} us | {k['span_us'] - k['kernel_us']:.0f} us "
+                    f"| {r['graphs_host_s'] * 1e6:.0f} us |")
     if "suite" in results:
         say("")
         say("| suite item | hf tokens/s | paged tokens/s | paged / hf (>= 3) | hf tpot | paged tpot "
