@@ -4,7 +4,7 @@ transformers, first-step logits against stock in bf16, and token equality on the
     PYTHONUNBUFFERED=1 python benchmarks/paged_h200.py [--out DIR]
     python benchmarks/paged_h200.py --dry-run      # CPU smoke test of this script (scaled-down model)
 
-1. Memory, through the harness (harness.measure_round.measure, collectors and all), full R1-Distill-Qwen-7B
+1. Memory, through the harness (a worker process per item, collectors and all), full R1-Distill-Qwen-7B
    preset in bf16, stacks hf and paged: batch 8 x (2048 prompt + 128 new), and one 32K-context request
    (32640 prompt + 128 new). Peak above weights = gpu.heap_alloc.peak - weights. Bars: paged within
    1.3x of (KV floor + its declared workspace), and at least 2.5x below hf.
@@ -50,8 +50,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from harness import project as config  # noqa: E402
 from harness import stacks, workload  # noqa: E402
 from harness.devices import resolve_device  # noqa: E402
-from harness.measure_round import measure  # noqa: E402
-from harness.metrics.collect import CollectorOptions  # noqa: E402
 
 GB = 1e9
 LOG: list[str] = []
@@ -81,12 +79,15 @@ def make(directory, name, model, requests, dtype, engine=None):
 
 
 def measured(wl, stack, device):
-    """One harness measurement without the host heap: (measurement, metric values, heap peak, seconds)."""
+    """One harness measurement without the host heap, in a fresh worker process as `pytest --memcheck` measures an
+    item (in this process the peaks would count what earlier sections left allocated): (measurement, metric values,
+    heap peak, seconds)."""
+    from harness.runner import Settings, _measure_in_worker
+
     t = time.perf_counter()
-    m = measure(wl, stack, device, CollectorOptions(python_heap=False, cpu_tensors=device.type == "cpu"))
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    settings = Settings(device=str(device), rootdir=str(ROOT), python_heap=False, cpu_tensors=device.type == "cpu",
+                        fork_server=False)
+    m = _measure_in_worker(wl, stack, settings, memory_round=True)  # (the round that takes cpu_tensors as set)
     metric = {k: v.value for k, v in m.metrics.items()}
     peak = metric.get("gpu.heap_alloc.peak") if device.type == "cuda" else metric.get("cpu.heap_alloc.peak")
     return m, metric, peak, round(time.perf_counter() - t, 1)
@@ -106,7 +107,7 @@ def memory(wl, device) -> dict:
         say(f"  {wl.name}[{stack}]: {rows[stack]['seconds']} s, peak {fmt(peak)}, weights {fmt(weights)}, "
             f"above weights {fmt(rows[stack]['above_weights'])}, kv.bytes.peak {fmt(metric.get('kv.bytes.peak'))}, "
             f"kv.page_footprint {metric.get('kv.page_footprint')}, tokens/s {num(metric.get('tokens_per_s'))}, "
-            f"error {m.error and m.error['message'][:300]}")
+            f"error {m.error and m.error.message[:300]}")
         for note in rows[stack]["notes"]:
             say("    note:", note[:400])
     hf, paged = rows["hf"], rows["paged"]
@@ -607,7 +608,7 @@ def suite_items(device, names) -> dict:
         for stack in ("hf", "paged"):
             m, metric, peak, seconds = measured(wl, stack, device)
             weights, ws = m.floors.get("weights"), m.floors.get("workspace")
-            rows[stack] = {"error": m.error and m.error["message"][:300], "wall_s": seconds,
+            rows[stack] = {"error": m.error and m.error.message[:300], "wall_s": seconds,
                            "tokens_per_s": metric.get("tokens_per_s"), "tpot": metric.get("tpot"),
                            "ttft": metric.get("ttft"), "peak": peak, "weights": weights, "kv_floor": m.floors["kv"],
                            "workspace": ws, "reserved_peak": metric.get("gpu.reserved.peak"),
