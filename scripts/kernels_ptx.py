@@ -5,7 +5,8 @@ Usage: python scripts/kernels_ptx.py [--dump DIR]
 No GPU is needed: the public wrappers are called on small CPU tensors with the launch intercepted, and
 each launch (its argument types and constexprs) is compiled by Triton's NVIDIA backend for sm_90. A
 refactor of kernel code that leaves every digest unchanged leaves the code the GPU runs unchanged, so
-its measured H200 numbers still stand. The tiles are the CPU path's (block_n 16), not the tuned GPU ones; arguments
+its measured H200 numbers still stand. Dots are compiled as the GPU's (UPCAST off: bf16 on the tensor cores), the
+tiles are the CPU path's (block_n 16), not the tuned GPU ones; arguments
 are specialized as the JIT does at launch (alignment, divisibility by 16), so loops are pipelined as on the GPU.
 """
 from __future__ import annotations
@@ -67,6 +68,8 @@ def divisible_by_16(value) -> bool:
 
 
 def compile_ptx(kernel: JITFunction, values: dict, options: dict) -> str:
+    if "UPCAST" in values:  # the launch was made from CPU tensors: bf16 dots widened for the interpreter, not the GPU
+        values = {**values, "UPCAST": False}
     constexprs = {kernel.arg_names[i]: values[kernel.arg_names[i]] for i in kernel.constexprs}
     signature = {name: "constexpr" if name in constexprs else arg_type(values[name]) for name in kernel.arg_names}
     fixed = {kernel.arg_names[i] if isinstance(i, int) else i for i in kernel.do_not_specialize}  # never specialized
