@@ -1,6 +1,5 @@
 """Zeroed int32 counters that each launch leaves at zero: the tickets of kernels whose last program to finish a
-piece of work merges the others' partials (kernels/skinny_gemm.py's split-K sums, kernels/work_split.py's cut
-sequences). A program stores its partial, takes a ticket (atomic add), and the one drawing the last merges and puts
+piece of work merges the others' partials (kernels/skinny_gemm.py's split-K sums). A program stores its partial, takes a ticket (atomic add), and the one drawing the last merges and puts
 the counter back to 0, so the next launch, or the next replay of a CUDA graph that captured this tensor, finds it
 zeroed. Kernels launched on one stream run one after another, so every launch uses the counters from index 0.
 
@@ -10,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-LEAST = 1 << 16  # 256 KiB: 256 sequences x 256 units of decode work, or 64K split-K column blocks
+LEAST = 1 << 16  # 256 KiB: 64K split-K column blocks
 _counters: dict[torch.device, torch.Tensor] = {}
 _outgrown: list[torch.Tensor] = []
 
