@@ -40,3 +40,15 @@ def test_counts_each_kernel_compiled_in_the_block_and_puts_the_hooks_back(monkey
     logged = [json.loads(line) for line in (tmp_path / "compiles.log").read_text().splitlines()]
     assert [entry["kernel"] for entry in logged] == ["_decode", "_prefill", "_decode"]
     assert logged[0]["signature"] == "{'num_seqs': 'i32'}" and logged[0]["constants"] == "{('BLOCK_N',): 64}"
+
+
+def test_a_compile_log_that_cannot_be_written_is_a_one_line_error_naming_it(monkeypatch, tmp_path):
+    from harness.errors import UsageError
+
+    monkeypatch.setenv("MEMCHECK_TRITON_COMPILES", str(tmp_path / "missing" / "compiles.log"))
+    before = (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook)
+    with pytest.raises(UsageError) as e, CompileWatch():
+        pass
+    assert str(e.value) == f"{tmp_path}/missing/compiles.log: MEMCHECK_TRITON_COMPILES: cannot append to it: " \
+                           "No such file or directory"
+    assert (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook) == before  # no hook left behind

@@ -12,6 +12,10 @@ import os
 import time
 from collections import Counter
 
+from ...errors import UsageError
+
+LOG_ENV = "MEMCHECK_TRITON_COMPILES"
+
 
 class CompileWatch:
     """with CompileWatch() as watch: ... ; watch.note() says what compiled in between (None if nothing)."""
@@ -21,8 +25,15 @@ class CompileWatch:
         self.seconds = 0.0
         self._started: float | None = None
         self._knobs = None
+        self._log = None
 
     def __enter__(self) -> CompileWatch:
+        path = os.environ.get(LOG_ENV)
+        if path:  # opened here: a path that cannot be written is the user's one-line error, not a failed compile
+            try:
+                self._log = open(path, "a")
+            except OSError as e:
+                raise UsageError(f"cannot append to it: {e.strerror}", path=path, field=LOG_ENV) from None
         try:
             from triton import knobs
         except ImportError:  # no Triton (a CPU runner without the kernels extra): nothing compiles
@@ -33,6 +44,9 @@ class CompileWatch:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         if self._knobs is not None:
             self._knobs.jit_cache_hook, self._knobs.jit_post_compile_hook = self._previous
             self._knobs = None
@@ -47,13 +61,12 @@ class CompileWatch:
             self.seconds += time.perf_counter() - self._started
             self._started = None
         self.kernels[kwargs["fn"].name] += 1
-        log = os.environ.get("MEMCHECK_TRITON_COMPILES")
-        if log:
+        if self._log is not None:
             spec = kwargs.get("compile", {})
-            with open(log, "a") as f:
-                f.write(json.dumps({"kernel": kwargs["fn"].name, "signature": repr(spec.get("signature")),
-                                    "constants": repr(spec.get("constants")), "attrs": repr(spec.get("configs"))})
-                        + "\n")  # (repr: Triton keys some of these by tuples)
+            self._log.write(json.dumps({"kernel": kwargs["fn"].name, "signature": repr(spec.get("signature")),
+                                        "constants": repr(spec.get("constants")), "attrs": repr(spec.get("configs"))})
+                            + "\n")  # (repr: Triton keys some of these by tuples)
+            self._log.flush()
         if self._previous[1]:
             self._previous[1](**kwargs)
 
