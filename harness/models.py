@@ -89,14 +89,20 @@ def sequence_ids(workload, vocab_size: int) -> list[list[int]]:
             for r, p in zip(workload.request_list(), prompt_ids(workload, vocab_size))]
 
 
-def image_pixels(workload, images: int, device, dtype) -> dict:
-    """Seeded random pixels for `images` images at both towers' resolutions (DeepSeek-VL hybrid)."""
+def draw_pixels(workload, images: int) -> dict:
+    """Seeded random pixels (float32, on the host) for `images` images at both towers' resolutions
+    (DeepSeek-VL hybrid): the images of one arrival wave are drawn together, as the hf stack batches them."""
     import torch
 
     config = workload.model_config()
     low, high = config["vision_config"]["image_size"], config["high_res_vision_config"]["image_size"]
     gen = torch.Generator().manual_seed(workload.seed + 2)
     return {
-        "pixel_values": torch.randn(images, 3, low, low, generator=gen).to(device, dtype),
-        "high_res_pixel_values": torch.randn(images, 3, high, high, generator=gen).to(device, dtype),
+        "pixel_values": torch.randn(images, 3, low, low, generator=gen),
+        "high_res_pixel_values": torch.randn(images, 3, high, high, generator=gen),
     }
+
+
+def image_pixels(workload, images: int, device, dtype) -> dict:
+    """draw_pixels on the device, in the model's dtype."""
+    return {k: v.to(device, dtype) for k, v in draw_pixels(workload, images).items()}
