@@ -16,12 +16,14 @@ transformers, first-step logits against stock in bf16, and token equality on the
    kernels, paged with CUDA graphs and without (engine.cuda_graphs false): the first 16 tokens of every
    request equal.
 4. Decode step time (section `decode`), bf16, R1-Distill-Qwen-7B at batch 1, 8, 32 and DeepSeek-V2-Lite at
-   batch 8, 32, 512-token prompts: the median engine step (host packing, the graph replay or the eager
-   forward, the token read-back) with CUDA graphs and without, against its floor = (weight bytes the step
-   reads + KV bytes it reads) / measured device copy bandwidth. Weights read: every parameter but the
-   embedding table (its B rows only); for MoE only the experts the step's routing touches (counted per
-   layer on the eager steps). Bar: graphs <= 1.5x floor. Beside it stock transformers' decode step
-   (generate, static batch, same prompts) and the graph/eager token agreement on the same steps.
+   batch 8, 32, 512-token prompts, against its floor = (weight bytes the step reads + KV bytes it reads) /
+   measured device copy bandwidth. The step as the engine serves (Engine.advance: scheduling, packing and
+   launching step n+1 while the GPU runs step n, pending.py): wall time of consecutive steps / steps, the
+   first step's host part included. Beside it the median of single steps synced before and after (the
+   host's part unhidden), with CUDA graphs and without. Weights read: every parameter but the embedding
+   table (its B rows only); for MoE only the experts the step's routing touches (counted per layer on the
+   eager steps). Bar: the engine's step with graphs <= 1.5x floor. Beside it stock transformers' decode
+   step (generate, static batch, same prompts) and the graph/eager token agreement on the same steps.
 5. Suite items (section `suite`), full profile, collectors without the host heap, hf (warmed up) and paged:
    r1-staggered-finish and v2-lite-mixed (--suite-items: others). Bar: paged tokens/s >= 3x hf; peak above
    weights within 1.3x of (KV floor + declared workspace).
@@ -329,11 +331,19 @@ def decode_steps(preset, batches, prompt, device, bandwidth, dry_run) -> dict:
                 row[f"{mode}_kernels"] = kernel_profile(engine, device)
             if touched:  # eager steps only: the hooks do not run inside a graph replay
                 row["experts_touched_per_layer"] = sum(t.unique().numel() for t in touched) / len(touched)
+        engine.runner.graphs = graphs  # as the engine serves: step n+1 launched before step n's tokens are read
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(steps):
+            engine.advance(engine.scheduler.schedule())
+        engine.drain()
+        sync(device)
+        row["engine_step_s"] = (time.perf_counter() - t) / steps  # (the first step's host part is not hidden)
         experts = row.get("experts_touched_per_layer", 0) * expert_bytes * len(moes)
         row["weight_bytes_read"] = dense_bytes + b * embed.shape[1] * embed.element_size() + experts
         row["kv_bytes_read"] = sum(kv_read) / len(kv_read)
         row["floor_s"] = (row["weight_bytes_read"] + row["kv_bytes_read"]) / bandwidth
-        for mode in ("graphs", "eager"):
+        for mode in ("graphs", "eager", "engine"):
             if f"{mode}_step_s" in row:
                 row[f"{mode}_over_floor"] = row[f"{mode}_step_s"] / row["floor_s"]
         row["hf_over_graphs"] = row["hf_step_s"] / row.get("graphs_step_s", row["eager_step_s"])
@@ -765,12 +775,13 @@ def main() -> int:
     if "decode" in results:
         steps = [(preset, b, r) for preset, d in results["decode"].items() for b, r in d.get("batches", {}).items()]
         say("")
-        say("| decode step | batch | floor | graphs (x floor, <= 1.5) | eager (x floor) | hf | hf / graphs "
-            "| experts touched/layer | graph = eager tokens |")
-        say("|---|---|---|---|---|---|---|---|---|")
+        say("| decode step | batch | floor | engine loop, graphs where captured (x floor, <= 1.5) "
+            "| graphs, one synced step | eager (x floor) | hf | hf / graphs | experts touched/layer | graph = eager tokens |")
+        say("|---|---|---|---|---|---|---|---|---|---|")
         for preset, b, r in steps:
-            g = r.get("graphs_step_s")
+            g, o = r.get("graphs_step_s"), r.get("engine_step_s")
             say(f"| {preset} | {b} | {r['floor_s'] * 1e3:.2f} ms | "
+                + (f"{o * 1e3:.2f} ms ({r['engine_over_floor']:.2f}x) | " if o else "- | ")
                 + (f"{g * 1e3:.2f} ms ({r['graphs_over_floor']:.2f}x) | " if g else "- | ")
                 + f"{r['eager_step_s'] * 1e3:.2f} ms ({r['eager_over_floor']:.2f}x) | "
                 f"{r['hf_step_s'] * 1e3:.2f} ms | "

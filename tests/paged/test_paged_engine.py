@@ -23,9 +23,9 @@ def spied(tmp_path_factory):
     batches = []
     original = ModelRunner.step
 
-    def step(self, batch, return_logits=False):
+    def step(self, batch, *args, **kwargs):
         batches.append([(s.index, s.num_computed, n, len(s)) for s, n in batch])
-        return original(self, batch, return_logits)
+        return original(self, batch, *args, **kwargs)
 
     ModelRunner.step = step
     try:
@@ -67,6 +67,28 @@ def test_preemption_by_recompute_with_a_tiny_pool(tmp_path, spied):
     assert result.outputs == reference.outputs
     assert result.metrics["kv.blocks_unreclaimed"].value == 0
     assert max(p["kv.bytes"] for _, p in probe.points) <= result.metrics["kv.bytes.peak"].value
+
+
+def test_decode_steps_launch_before_the_last_tokens_are_read(tmp_path, monkeypatch):
+    """pending.py: a decode-only step is launched while the previous step's tokens are still unread (its input ids
+    come from them on the device), and the tokens are those of an engine that reads every step's tokens first."""
+    original, live = ModelRunner.step, []
+
+    def deferring(self, batch, return_logits=False, after=None, defer=False):
+        live.append(after is not None and not after.landed)
+        return original(self, batch, return_logits, after, defer)
+
+    def reading(self, batch, return_logits=False, after=None, defer=False):
+        return original(self, batch, return_logits, after, False)
+
+    wl = make_workload(tmp_path)
+    monkeypatch.setattr(ModelRunner, "step", deferring)
+    deferred, _ = run_stack(PagedStack, wl)
+    monkeypatch.setattr(ModelRunner, "step", reading)
+    read, _ = run_stack(PagedStack, wl)
+    assert sum(live) >= 10, live
+    assert deferred.outputs == read.outputs and all(len(o) >= 16 for o in deferred.outputs)
+    assert deferred.metrics["tpot"].value > 0
 
 
 def _requests(*specs, block_size=4):

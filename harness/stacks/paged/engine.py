@@ -1,6 +1,9 @@
 """The engine loop: requests arrive at their arrival step (one step = one forward pass), the scheduler
 packs decodes and prefill chunks under the token budget, the runner runs them, finished sequences
-hand their blocks back in the same step. Greedy decoding, every request to its max_new_tokens."""
+hand their blocks back in the same step. Greedy decoding, every request to its max_new_tokens.
+
+A decode-only step is launched before the previous one's tokens are read (pending.py): the host
+schedules and launches step n+1 while the GPU runs step n, then reads step n's tokens."""
 from __future__ import annotations
 
 import time
@@ -14,6 +17,7 @@ from .graphs import DecodeGraphs
 from .kv_pool import KVPool
 from .kv_meter import KVMeter
 from .model_runner import ModelRunner
+from .pending import PendingTokens
 from .request import Request
 from .scheduler import Scheduler
 
@@ -34,6 +38,24 @@ class Engine:
         self.runner = ModelRunner(model, device, vision, graphs)
         self.scheduler = Scheduler(cfg, self.blocks)
         self.steps = 0
+        self.in_flight: PendingTokens | None = None  # the last step's tokens, not read yet
+
+    def advance(self, batch: list[tuple[Request, int]]) -> None:
+        """Run one scheduled step: launch it, then read the previous step's tokens (which it no longer
+        waits for), then account it (its own tokens as placeholders when it is a decode-only step)."""
+        out = self.runner.step(batch, after=self.in_flight, defer=True)
+        self.drain()
+        if isinstance(out, PendingTokens):
+            self.scheduler.finish_step(batch, out.placeholders(), None)
+            self.in_flight = out
+        else:
+            self.scheduler.finish_step(batch, out, time.perf_counter())
+
+    def drain(self) -> None:
+        """Read the tokens of the step in flight, if any."""
+        if self.in_flight is not None:
+            self.in_flight.land()
+            self.in_flight = None
 
     def warmup(self, prefill_tokens: int = 0) -> None:
         """Before the timed run, on CUDA: compile the prefill kernels with one pass of prefill_tokens that
@@ -68,10 +90,10 @@ class Engine:
                 raise RuntimeError(f"the engine stalled: {len(self.scheduler.waiting)} waiting, "
                                    f"{self.blocks.num_free_blocks} of {self.cfg.num_blocks} blocks free")
             decoded = [(list(s.block_table), s.num_computed + 1) for s, n in batch if n == 1]
-            sampled = self.runner.step(batch)
-            self.scheduler.finish_step(batch, sampled, time.perf_counter())
+            self.advance(batch)
             step += 1
             meter.after_step(step, self.scheduler.running, decoded)
+        self.drain()
         self.steps = step
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -1,11 +1,15 @@
 """CUDA graphs of the decode step: one per batch-size bucket, replayed instead of launching the
 forward pass kernel by kernel from Python (a decode step at batch 32 is ~1,500 small launches).
 
-A graph reads fixed device buffers, so a step's inputs (token ids, positions, cache slots, sequence
-lengths, block tables) are packed into one pinned host buffer and copied over in one transfer; the
-graph embeds, runs every layer, takes the logits and the greedy tokens, and one read of the tokens is
-the step's only host sync. A batch of n sequences replays the smallest bucket >= n; the padding rows
-write no cache slot (slot -1) and attend to one token of block 0, and their tokens are dropped.
+A graph reads fixed device buffers, so a step's inputs (token ids, where each id comes from, positions,
+cache slots, sequence lengths, block tables) are packed into one pinned host buffer and copied over in
+one transfer; the graph embeds, runs every layer, takes the logits and the greedy tokens, and leaves the
+tokens at the head of the device buffer, where the next step can take its input ids from them (a row's
+source: the previous step's row j, or its own id from the host) without the host having read them
+(pending.py). The tokens' copy to the host is the step's only transfer back. A batch of n sequences
+replays the smallest bucket >= n; the padding rows write no cache slot (slot -1) and attend to one token
+of block 0, and their tokens are dropped. Two pinned buffers each way alternate, so the host packs step
+n+1 while step n's transfers may still be queued.
 
 Every bucket is run once eagerly first (Triton compiles, cuBLAS handles, the decode kernels'
 occupancy probes), then captured largest first into one shared memory pool, so the pool holds about
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from .context import StepContext
@@ -27,12 +32,15 @@ class DecodeGraphs:
         self.model, self.device = model, device
         self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.max_batch, self.width = max_batch, max(1, max_blocks)
-        # [ids | positions | slots | seq_lens] x max_batch, then the block tables [max_batch, width]
-        size = max_batch * (4 + self.width)
-        self.host = torch.zeros(size, dtype=torch.int32, pin_memory=True)
-        self.buffer = torch.zeros(size, dtype=torch.int32, device=device)
+        # host: [ids | sources | positions | slots | seq_lens] x max_batch, then the block tables [max_batch, width];
+        # device: the last step's tokens [max_batch], then the host's layout
+        size = max_batch * (5 + self.width)
+        self.hosts = [torch.zeros(size, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self.outs = [torch.zeros(max_batch, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self.done = [torch.cuda.Event(), torch.cuda.Event()]  # recorded after the last step that used hosts[k], outs[k]
+        self.turn = 0
+        self.buffer = torch.zeros(max_batch + size, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.tokens: dict[int, torch.Tensor] = {}
         self.pool_bytes = 0
         self.replay_called_at = self.replayed_at = 0.0
 
@@ -43,16 +51,19 @@ class DecodeGraphs:
     def fits(self, num_seqs: int, blocks: int) -> bool:
         return num_seqs <= self.max_batch and blocks <= self.width
 
-    def _views(self, buf: torch.Tensor, b: int):
-        m = self.max_batch
-        ids, positions, slots, seq_lens = (buf[i * m:i * m + b] for i in range(4))
-        return ids, positions, slots, seq_lens, buf[4 * m:].view(m, self.width)[:b]
+    @property
+    def host(self) -> torch.Tensor:
+        """The pinned buffer the next step packs."""
+        return self.hosts[self.turn]
 
-    def _forward(self, b: int) -> torch.Tensor:
-        ids, positions, slots, seq_lens, table = self._views(self.buffer, b)
+    def _forward(self, b: int) -> None:
+        m, buf = self.max_batch, self.buffer
+        sources, positions, slots, seq_lens = (buf[i * m:i * m + b] for i in range(2, 6))
+        table = buf[6 * m:].view(m, self.width)[:b]
+        ids = torch.index_select(buf[:2 * m], 0, sources)  # the last step's tokens, or the ids from the host
         ctx = StepContext(positions.long(), slots.long(), b, decode_block_table=table, decode_seq_lens=seq_lens)
         hidden = self.model(ids.long(), ctx)
-        return self.model.logits(hidden).argmax(-1)
+        buf[:b].copy_(self.model.logits(hidden).argmax(-1))
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -60,8 +71,8 @@ class DecodeGraphs:
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved(self.device)  # before the capture stream's cuBLAS workspace
         self.pack([], [], [], [])  # every row padding: token 0 at position 0, no slot, one cached token
-        self.host[4 * self.max_batch:] = 0  # block 0 in every table
-        self.buffer.copy_(self.host)
+        self.host[5 * self.max_batch:] = 0  # block 0 in every table
+        self.buffer[self.max_batch:].copy_(self.host)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -75,41 +86,62 @@ class DecodeGraphs:
             graph = torch.cuda.CUDAGraph()
             # thread_local: other threads (NCCL's watchdog at tensor_parallel > 1) may query their events meanwhile
             with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                self.tokens[b] = self._forward(b)
+                self._forward(b)
             self.graphs[b] = graph
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
         self.pool_bytes = torch.cuda.memory_reserved(self.device) - before
 
-    def pack(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> None:
+    def pack(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
+             sources: list[int] | None = None) -> None:
         """A step's inputs into the pinned host buffer, with numpy on its memory (torch's slicing of a host
-        tensor costs ~10 us a call: the four padding writes were most of a step's ~90 us of packing)."""
+        tensor costs ~10 us a call: the four padding writes were most of a step's ~90 us of packing).
+        sources[i] >= 0: row i's id is the previous step's token of row sources[i], on the device."""
         n, m = len(ids), self.max_batch
         host = self.host.numpy()
         host[:n], host[n:m] = ids, 0
-        host[m:m + n], host[m + n:2 * m] = positions, 0
-        host[2 * m:2 * m + n], host[2 * m + n:3 * m] = slots, -1
-        seq_lens = host[3 * m:4 * m]
-        seq_lens[:n] = host[m:m + n]
+        own = host[m:2 * m]  # index into the device's [last tokens | ids]: m + i is row i's own id
+        own[:] = np.arange(m, 2 * m)
+        if sources is not None:
+            for i, j in enumerate(sources):
+                if j >= 0:
+                    own[i] = j
+        host[2 * m:2 * m + n], host[2 * m + n:3 * m] = positions, 0
+        host[3 * m:3 * m + n], host[3 * m + n:4 * m] = slots, -1
+        seq_lens = host[4 * m:5 * m]
+        seq_lens[:n] = host[2 * m:2 * m + n]
         seq_lens[:n] += 1
         seq_lens[n:] = 1
-        table = host[4 * m:].reshape(m, self.width)
+        table = host[5 * m:].reshape(m, self.width)
         for i, blocks in enumerate(tables):
             table[i, :len(blocks)] = blocks
 
-    def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> list[int]:
-        """One decode step of len(ids) sequences; returns their greedy tokens."""
+    def launch(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
+               sources: list[int] | None = None):
+        """Queue one decode step of len(ids) sequences without waiting for it: (its tokens on the device,
+        valid until the next step; their pinned host copy; the event that says the copy is done)."""
         if not self.captured:
             self.capture()
-        n = len(ids)
+        n, m, k = len(ids), self.max_batch, self.turn
         b = next(b for b in self.buckets if b >= n)
-        self.pack(ids, positions, slots, tables)
-        m = self.max_batch
-        self.buffer[:4 * m + b * self.width].copy_(self.host[:4 * m + b * self.width], non_blocking=True)
+        self.done[k].synchronize()  # the step that used these host buffers two steps ago (done by now)
+        self.pack(ids, positions, slots, tables, sources)
+        size = 5 * m + b * self.width
+        self.buffer[m:m + size].copy_(self.hosts[k][:size], non_blocking=True)
         self.replay_called_at = time.perf_counter()  # (benchmarks/paged_h200.py: packing before, the launch call after)
         self.graphs[b].replay()
         self.replayed_at = time.perf_counter()  # the host's part of the step ends here
-        return self.tokens[b][:n].tolist()
+        out = self.outs[k][:n]
+        out.copy_(self.buffer[:n], non_blocking=True)
+        self.done[k].record()
+        self.turn = 1 - k
+        return self.buffer[:n], out, self.done[k]
+
+    def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> list[int]:
+        """One decode step of len(ids) sequences; returns their greedy tokens."""
+        _, out, done = self.launch(ids, positions, slots, tables)
+        done.synchronize()
+        return out.tolist()
 
     def describe(self) -> str:
         return (f"CUDA graphs for decode batches of {', '.join(map(str, self.buckets))} sequences "

@@ -9,6 +9,7 @@ from .block_manager import BlockManager
 from .context import StepContext
 from .graphs import DecodeGraphs
 from .model import CausalLM
+from .pending import PendingTokens
 from .request import Request
 
 
@@ -17,16 +18,31 @@ class ModelRunner:
         self.model, self.device, self.vision, self.graphs = model, device, vision, graphs
 
     @torch.inference_mode()
-    def step(self, batch: list[tuple[Request, int]], return_logits: bool = False):
+    def step(self, batch: list[tuple[Request, int]], return_logits: bool = False, after: PendingTokens | None = None,
+             defer: bool = False):
         """Feed each (sequence, n): its next n tokens. Returns {seq_id: token} for every sequence whose
         last token was fed (and the float32 logits of those rows, in batch order, when asked).
+        after: the previous step's tokens if they have not landed (their sequences end in placeholders): a
+        decode-only step takes those ids on the device, any other step lands them first. defer: a decode-only
+        step returns its own PendingTokens instead of waiting for its tokens.
         A batch of decodes only replays a CUDA graph when the engine captured them."""
-        if self.graphs is not None and not return_logits and self._decode_only(batch):
-            seqs = [s for s, _ in batch]
+        decode_only = not return_logits and self._decode_only(batch)
+        if after is not None and not after.landed and not decode_only:
+            after.land()
+        live = after if after is not None and not after.landed else None
+        seqs = [s for s, _ in batch]
+        graphs = self.graphs
+        if decode_only and graphs is not None and graphs.fits(len(batch), max(len(s.block_table) for s in seqs)):
+            if live is not None and live.tokens.data_ptr() != graphs.buffer.data_ptr():
+                live.land()  # an eager step's tokens: not where the graph reads them
+                live = None
             positions = [s.num_computed for s in seqs]
-            tokens = self.graphs.run([s.token_ids[p] for s, p in zip(seqs, positions)], positions,
-                                     [s.slot(p) for s, p in zip(seqs, positions)], [s.block_table for s in seqs])
-            return {s.seq_id: t for s, t in zip(seqs, tokens)}
+            sources = [live.rows.get(s.seq_id, -1) for s in seqs] if live is not None else None
+            tokens, host, ready = graphs.launch([max(0, s.token_ids[p]) for s, p in zip(seqs, positions)], positions,
+                                                [s.slot(p) for s, p in zip(seqs, positions)],
+                                                [s.block_table for s in seqs], sources)
+            pending = PendingTokens(seqs, tokens, host, ready)
+            return pending if defer else pending.read()
         decode = [(s, n) for s, n in batch if n == 1]
         prefill = [(s, n) for s, n in batch if n > 1]
         ids, positions, slots, sample_rows, samplers = [], [], [], [], []
@@ -48,11 +64,19 @@ class ModelRunner:
                 sample_rows.append(len(ids) - 1)
                 samplers.append(s)
         ctx = self._context(decode, prefill, positions, slots)
+        input_ids = self._tensor(ids, torch.int64)
+        if live is not None:  # decode-only: the previous step's tokens, still on the device, for its sequences
+            rows = [(i, live.rows[s.seq_id]) for i, s in enumerate(seqs) if s.seq_id in live.rows]
+            if rows:
+                dst, src = zip(*rows)
+                input_ids[list(dst)] = live.tokens[list(src)].to(torch.int64)
         if image_rows:
             ctx.image_rows, ctx.image_feats = self._tensor(image_rows, torch.int64), torch.cat(image_feats)
-        hidden = self.model(self._tensor(ids, torch.int64), ctx)
+        hidden = self.model(input_ids, ctx)
         logits = self.model.logits(hidden[self._tensor(sample_rows, torch.int64)])
         del hidden
+        if defer and decode_only:  # every row samples, in batch order
+            return PendingTokens(samplers, logits.argmax(-1))
         tokens = logits.argmax(-1).tolist()
         sampled = {s.seq_id: t for s, t in zip(samplers, tokens)}
         return (sampled, logits) if return_logits else sampled
@@ -71,9 +95,8 @@ class ModelRunner:
         self.model.logits(hidden[-1:]).argmax(-1).tolist()
 
     def _decode_only(self, batch) -> bool:
-        """Every sequence feeds its last token (past any image placeholders), within the graphs' sizes."""
-        return (all(n == 1 and s.num_computed + 1 == len(s) and s.num_computed >= s.image_tokens for s, n in batch)
-                and self.graphs.fits(len(batch), max(len(s.block_table) for s, _ in batch)))
+        """Every sequence feeds its last token (past any image placeholders)."""
+        return all(n == 1 and s.num_computed + 1 == len(s) and s.num_computed >= s.image_tokens for s, n in batch)
 
     def _context(self, decode, prefill, positions, slots) -> StepContext:
         ctx = StepContext(self._tensor(positions, torch.int64), self._tensor(slots, torch.int64), len(decode))

@@ -77,17 +77,20 @@ class Scheduler:
         self.preemptions += 1
         self.waiting.appendleft(seq)
 
-    def finish_step(self, batch: list[tuple[Request, int]], sampled: dict[int, int], now: float) -> list[Request]:
+    def finish_step(self, batch: list[tuple[Request, int]], sampled: dict[int, int], now: float | None
+                    ) -> list[Request]:
         """Account the fed tokens, append sampled ones, free the blocks of sequences that are done
-        (in this very step). Returns the sequences that finished."""
+        (in this very step). Returns the sequences that finished. now None: the tokens are placeholders
+        (pending.py), timed when they land."""
         done = []
         for seq, n in batch:
             seq.num_computed += n
             if seq.num_computed < len(seq):
                 continue  # a prefill chunk short of the end: nothing sampled
             seq.append_token(sampled[seq.seq_id])
-            seq.t_first = seq.t_first or now
-            seq.t_last = now
+            if now is not None:
+                seq.t_first = seq.t_first or now
+                seq.t_last = now
             if seq.finished:
                 self.blocks.free(seq)
                 self.running.remove(seq)
