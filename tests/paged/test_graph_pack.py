@@ -18,12 +18,12 @@ class Done:
 
 def packer(max_batch: int, width: int) -> DecodeGraphs:
     graphs = DecodeGraphs.__new__(DecodeGraphs)  # no CUDA here: only the host buffers
-    graphs.max_batch, graphs.width = max_batch, width
-    size = max_batch * (5 + width)
+    graphs.max_batch, graphs.width, graphs.row = max_batch, width, -(-max_batch // 4) * 4
+    size = 5 * graphs.row + max_batch * width
     graphs.hosts = [torch.full((size,), 77, dtype=torch.int32) for _ in range(2)]
     graphs.outs = [torch.zeros(max_batch, dtype=torch.int32) for _ in range(2)]
     graphs.done, graphs.turn = [Done(), Done()], 0
-    graphs.buffer = torch.zeros(max_batch + size, dtype=torch.int32)
+    graphs.buffer = torch.zeros(graphs.row + size, dtype=torch.int32)
     return graphs
 
 
@@ -88,3 +88,17 @@ def test_ids_from_the_previous_steps_tokens_on_the_device():
     assert g.model.seen[-1] == [12, 14, 40, 13]
     assert host.tolist() == [12, 13, 14]  # the first step's copy, in the buffer the second did not use
     assert g.run([7], [0], [0], [[0]]) == [8]  # a synced step after them, bucket 1
+
+
+def test_every_field_the_kernels_read_is_16_byte_aligned():
+    """Triton specializes on a pointer's 16-byte alignment: graph rows must be aligned as an eager step's fresh tensors
+    are, or the eager step compiles a second variant of the decode kernels inside the timed run (max_batch 5 did)."""
+    for max_batch in (1, 5, 7, 32):
+        g = packer(max_batch, 3)
+        assert g.buffer.data_ptr() % 16 == 0
+        assert all(t.data_ptr() % 16 == 0 for t in g.fields(max_batch))
+    g = stand_in(max_batch=5)
+    g.buckets, g.graphs = [1, 2, 4, 5], {b: Replay(g, b) for b in (1, 2, 4, 5)}
+    assert g.run([11, 12, 13, 14, 15], [1, 2, 3, 4, 5], [10, 20, 30, 40, 50], [[1]] * 5) == [12, 13, 14, 15, 16]
+    g.launch([0, 0, 9], [2, 3, 0], [11, 21, 0], [[1], [1], [2]], sources=[4, 0, -1])
+    assert g.model.seen[-1] == [16, 12, 9, 0]

@@ -32,14 +32,17 @@ class DecodeGraphs:
         self.model, self.device = model, device
         self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
         self.max_batch, self.width = max_batch, max(1, max_blocks)
-        # host: [ids | sources | positions | slots | seq_lens] x max_batch, then the block tables [max_batch, width];
-        # device: the last step's tokens [max_batch], then the host's layout
-        size = max_batch * (5 + self.width)
+        # host: [ids | sources | positions | slots | seq_lens], a row of each, then the block tables [max_batch, width];
+        # device: the last step's tokens (a row), then the host's layout. Rows are padded to 16 bytes: Triton
+        # specializes a kernel on its pointers' 16-byte alignment, and an eager step's fresh tensors are aligned
+        # (at max_batch 5 the graphs' seq_lens and tables were not: a second variant compiled inside the timed run)
+        self.row = -(-max_batch // 4) * 4
+        size = 5 * self.row + max_batch * self.width
         self.hosts = [torch.zeros(size, dtype=torch.int32, pin_memory=True) for _ in range(2)]
         self.outs = [torch.zeros(max_batch, dtype=torch.int32, pin_memory=True) for _ in range(2)]
         self.done = [torch.cuda.Event(), torch.cuda.Event()]  # recorded after the last step that used hosts[k], outs[k]
         self.turn = 0
-        self.buffer = torch.zeros(max_batch + size, dtype=torch.int32, device=device)
+        self.buffer = torch.zeros(self.row + size, dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool_bytes = 0
         self.replay_called_at = self.replayed_at = 0.0
@@ -56,11 +59,16 @@ class DecodeGraphs:
         """The pinned buffer the next step packs."""
         return self.hosts[self.turn]
 
+    def fields(self, b: int):
+        """The device buffer's views a graph of b rows reads: sources, positions, slots, seq_lens, block tables."""
+        r, buf = self.row, self.buffer
+        sources, positions, slots, seq_lens = (buf[i * r:i * r + b] for i in range(2, 6))
+        return sources, positions, slots, seq_lens, buf[6 * r:].view(self.max_batch, self.width)[:b]
+
     def _forward(self, b: int) -> None:
-        m, buf = self.max_batch, self.buffer
-        sources, positions, slots, seq_lens = (buf[i * m:i * m + b] for i in range(2, 6))
-        table = buf[6 * m:].view(m, self.width)[:b]
-        ids = torch.index_select(buf[:2 * m], 0, sources)  # the last step's tokens, or the ids from the host
+        buf = self.buffer
+        sources, positions, slots, seq_lens, table = self.fields(b)
+        ids = torch.index_select(buf[:2 * self.row], 0, sources)  # the last step's tokens, or the ids from the host
         ctx = StepContext(positions.long(), slots.long(), b, decode_block_table=table, decode_seq_lens=seq_lens)
         hidden = self.model(ids.long(), ctx)
         buf[:b].copy_(self.model.logits(hidden).argmax(-1))
@@ -71,8 +79,8 @@ class DecodeGraphs:
         torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved(self.device)  # before the capture stream's cuBLAS workspace
         self.pack([], [], [], [])  # every row padding: token 0 at position 0, no slot, one cached token
-        self.host[5 * self.max_batch:] = 0  # block 0 in every table
-        self.buffer[self.max_batch:].copy_(self.host)
+        self.host[5 * self.row:] = 0  # block 0 in every table
+        self.buffer[self.row:].copy_(self.host)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -97,22 +105,22 @@ class DecodeGraphs:
         """A step's inputs into the pinned host buffer, with numpy on its memory (torch's slicing of a host
         tensor costs ~10 us a call: the four padding writes were most of a step's ~90 us of packing).
         sources[i] >= 0: row i's id is the previous step's token of row sources[i], on the device."""
-        n, m = len(ids), self.max_batch
+        n, r = len(ids), self.row
         host = self.host.numpy()
-        host[:n], host[n:m] = ids, 0
-        own = host[m:2 * m]  # index into the device's [last tokens | ids]: m + i is row i's own id
-        own[:] = np.arange(m, 2 * m)
+        host[:n], host[n:r] = ids, 0
+        own = host[r:2 * r]  # index into the device's [last tokens | ids]: r + i is row i's own id
+        own[:] = np.arange(r, 2 * r)
         if sources is not None:
             for i, j in enumerate(sources):
                 if j >= 0:
                     own[i] = j
-        host[2 * m:2 * m + n], host[2 * m + n:3 * m] = positions, 0
-        host[3 * m:3 * m + n], host[3 * m + n:4 * m] = slots, -1
-        seq_lens = host[4 * m:5 * m]
-        seq_lens[:n] = host[2 * m:2 * m + n]
+        host[2 * r:2 * r + n], host[2 * r + n:3 * r] = positions, 0
+        host[3 * r:3 * r + n], host[3 * r + n:4 * r] = slots, -1
+        seq_lens = host[4 * r:5 * r]
+        seq_lens[:n] = host[2 * r:2 * r + n]
         seq_lens[:n] += 1
         seq_lens[n:] = 1
-        table = host[5 * m:].reshape(m, self.width)
+        table = host[5 * r:].reshape(self.max_batch, self.width)
         for i, blocks in enumerate(tables):
             table[i, :len(blocks)] = blocks
 
@@ -122,12 +130,12 @@ class DecodeGraphs:
         valid until the next step; their pinned host copy; the event that says the copy is done)."""
         if not self.captured:
             self.capture()
-        n, m, k = len(ids), self.max_batch, self.turn
+        n, r, k = len(ids), self.row, self.turn
         b = next(b for b in self.buckets if b >= n)
         self.done[k].synchronize()  # the step that used these host buffers two steps ago (done by now)
         self.pack(ids, positions, slots, tables, sources)
-        size = 5 * m + b * self.width
-        self.buffer[m:m + size].copy_(self.hosts[k][:size], non_blocking=True)
+        size = 5 * r + b * self.width
+        self.buffer[r:r + size].copy_(self.hosts[k][:size], non_blocking=True)
         self.replay_called_at = time.perf_counter()  # (benchmarks/paged_h200.py: packing before, the launch call after)
         self.graphs[b].replay()
         self.replayed_at = time.perf_counter()  # the host's part of the step ends here
