@@ -831,9 +831,9 @@ def main() -> int:
             say("suite items, full profile, collectors without the host heap:")
             section(results, "suite", suite_items, device, args.suite_items.split(","))
         if "vl_phases" not in skip:
-            say(f"VL items' paged wall by phase ({'ci' if args.dry_run else 'full'} profile), no collectors; each tower "
-                "call and engine step timed between device synchronizes, which make the phased run's wall a little "
-                "longer than the plain one (both printed):")
+            say(f"VL items' paged wall by phase ({'ci' if args.dry_run else 'full'} profile), no collectors; each "
+                "tower call and engine step timed between device synchronizes, which make the phased run's wall a "
+                "little longer than the plain one (both printed):")
             section(results, "vl_phases", vl_phases, device, args.vl_items.split(","), args.dry_run)
     results["seconds"] = round(time.perf_counter() - t0, 1)
 
