@@ -17,7 +17,7 @@ import torch
 PHASES = ("vision", "prefill", "decode_graphs", "decode_eager")
 LABELS = {"vision": "vision towers (encode)", "prefill": "prefill-containing steps, towers taken out",
           "decode_graphs": "decode-only steps, CUDA graph replays", "decode_eager": "decode-only steps, eager",
-          "rest": "rest of the engine loop (scheduler, meter, collectors)"}
+          "rest": "rest of the engine loop (scheduler, KV meter, collectors)"}
 
 
 class EnginePhases:
@@ -27,8 +27,9 @@ class EnginePhases:
     def __init__(self, device):
         self.device = torch.device(device)
         self.phases = {p: {"calls": 0, "tokens": 0, "seconds": 0.0} for p in PHASES}
-        self.images = 0
+        self.images = self.tower_calls = 0
         self.towers_forward = 0.0  # seconds of the towers' forward passes inside the encode calls
+        self._image_tokens = 0  # rows per image
         self.walls: list[float] = []
         self._replayed = False  # whether the step being timed replayed a graph
         self._towers_in_step = 0.0  # tower seconds inside the step being timed
@@ -37,6 +38,7 @@ class EnginePhases:
     def patched(self, stack, timed: bool = True):
         """The stack's engine loop observed while inside; timed=False records only the loop's walls (a plain run)."""
         engine = stack.engine
+        self._image_tokens = stack.workload.image_tokens
         wrappers = [(engine, "generate", self._generate(engine.generate))]
         if timed:
             runner = engine.runner
@@ -59,7 +61,8 @@ class EnginePhases:
         """The phases of the last engine loop, its wall, and `rest` (its wall less the phases)."""
         wall = self.walls[-1]
         out = {p: dict(v) for p, v in self.phases.items()}
-        out["vision"].update(images=self.images, towers_forward_seconds=self.towers_forward)
+        out["vision"].update(images=self.images, tower_calls=self.tower_calls,  # none: encode no longer calls them
+                             towers_forward_seconds=self.towers_forward if self.tower_calls else None)
         out["rest"] = {"calls": None, "tokens": None, "seconds": wall - sum(v["seconds"] for v in self.phases.values())}
         out["wall"] = wall
         return out
@@ -87,10 +90,10 @@ class EnginePhases:
         return generate
 
     def _encode(self, original):
-        def encode(source):
-            features, seconds = self._synced(original, source)
+        def encode(*args, **kwargs):
+            features, seconds = self._synced(original, *args, **kwargs)
             self._towers_in_step += seconds
-            self.images += source[2]  # (images in the wave, offset, count)
+            self.images += features.shape[0] // self._image_tokens
             self._add("vision", features.shape[0], seconds)
             return features
         return encode
@@ -99,6 +102,7 @@ class EnginePhases:
         def get_image_features(*args, **kwargs):
             out, seconds = self._synced(original, *args, **kwargs)
             self.towers_forward += seconds
+            self.tower_calls += 1
             return out
         return get_image_features
 

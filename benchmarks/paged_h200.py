@@ -649,33 +649,49 @@ def vl_phases(device, names, dry_run) -> dict:
 
 
 def vl_item_phases(wl, device) -> dict:
+    row: dict = {"profile": wl.profile}
+    row.update(paged_phases(wl, device))
+    section(row, "hf", hf_plain, wl, device)  # paged's numbers are kept if hf fails
+    if "hf" in row and row["hf"]["tokens_per_s"] and row["paged_plain"]["tokens_per_s"]:
+        row["paged_over_hf"] = row["paged_plain"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+    decode = row["phases"]["decode_graphs"]["calls"], row["phases"]["decode_eager"]["calls"]
+    if row["graphs_captured"] and decode[1] and not decode[0]:
+        say("  WARNING: graphs were captured but no decode step replayed one: has DecodeGraphs.run been renamed "
+            "(benchmarks/engine_phases.py detects replays by wrapping it)?")
+    say(f"  {wl.name} ({wl.profile} profile): " + json.dumps(row, default=str))
+    return row
+
+
+def paged_phases(wl, device) -> dict:
+    """The paged stack's run once plainly, then once by phase, on one built stack."""
     from engine_phases import EnginePhases
 
-    row: dict = {"profile": wl.profile}
     paged = built("paged", wl, device)
     try:
         plain, phased = EnginePhases(device), EnginePhases(device)
         with plain.patched(paged, timed=False):
-            row["paged_plain"] = {**timed_run(paged, device), "generate_s": plain.walls[-1]}
+            row = {"paged_plain": {**timed_run(paged, device), "generate_s": plain.walls[-1]}}
         with phased.patched(paged):
             row["paged_phased"] = {**timed_run(paged, device), "generate_s": phased.walls[-1]}
         row["phases"] = phased.summary()
-        row["graphs"] = paged.engine.runner.graphs is not None
+        graphs = paged.engine.runner.graphs
+        row["graphs_captured"] = graphs is not None and graphs.captured
+        return row
     finally:
         paged.close()
         del paged
         release(device)
+
+
+def hf_plain(wl, device) -> dict:
+    """The hf stack's run once, built and warmed up after the paged stack's memory was given back."""
     hf = built("hf", wl, device)
     try:
-        row["hf"] = timed_run(hf, device)
+        return timed_run(hf, device)
     finally:
         hf.close()
         del hf
         release(device)
-    if row["hf"]["tokens_per_s"] and row["paged_plain"]["tokens_per_s"]:
-        row["paged_over_hf"] = row["paged_plain"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
-    say(f"  {wl.name} ({wl.profile} profile): " + json.dumps(row, default=str))
-    return row
 
 
 def built(name: str, wl, device):
@@ -719,7 +735,7 @@ def say_vl_table(items: dict) -> None:
     for name, r in items.items():
         if not isinstance(r, dict):  # an item's traceback (section's "<name>_error")
             continue
-        phases, plain, phased, hf = r["phases"], r["paged_plain"], r["paged_phased"], r["hf"]
+        phases, plain, phased, hf = r["phases"], r["paged_plain"], r["paged_phased"], r.get("hf")
         wall = phases["wall"]
         for key, label in LABELS.items():
             p = phases[key]
@@ -727,15 +743,19 @@ def say_vl_table(items: dict) -> None:
                                                       else p["tokens"])
             say(f"| {name} | {label} | {'-' if p['calls'] is None else p['calls']} | {tokens} | "
                 f"{p['seconds']:.3f} | {p['seconds'] / wall:.1%} | |")
-            if key == "vision":  # encode less this: drawing the pixels, copying them over, the concatenation
-                say(f"| {name} | of which the towers' forward passes | | | {p['towers_forward_seconds']:.3f} | "
-                    f"{p['towers_forward_seconds'] / wall:.1%} | |")
+            forward = p.get("towers_forward_seconds")
+            if forward is not None:  # encode less this: drawing the pixels, copying them over, the concatenation
+                say(f"| {name} | of which the towers' forward passes | {p['tower_calls']} | | {forward:.3f} | "
+                    f"{forward / wall:.1%} | |")
         steps = sum(phases[k]["calls"] for k in ("prefill", "decode_graphs", "decode_eager"))
         say(f"| {name} | paged engine loop, phased (synchronized) | {steps} steps | {phased['tokens']} new | "
             f"{wall:.3f} | 100% | {num(phased['tokens_per_s'])} |")
         say(f"| {name} | paged engine loop, plain | | {plain['tokens']} new | {plain['generate_s']:.3f} | | "
             f"{num(plain['tokens_per_s'])} |")
         say(f"| {name} | paged run(), plain (the loop and what run() does around it) | | | {plain['run_s']:.3f} | | |")
+        if hf is None:
+            say(f"| {name} | hf run(), plain: failed (see the log) | | | | | |")
+            continue
         say(f"| {name} | hf run(), plain | | {hf['tokens']} new | {hf['run_s']:.3f} | | {num(hf['tokens_per_s'])} "
             + (f"(paged / hf {r['paged_over_hf']:.2f}x) |" if "paged_over_hf" in r else "|"))
 

@@ -39,4 +39,5 @@ def test_every_step_and_tower_call_lands_in_one_phase(tmp_path):
     assert got["decode_graphs"]["calls"] == 0 and got["prefill"]["calls"] > 0 and got["decode_eager"]["calls"] > 0
     assert got["wall"] == phases.walls[-1] and len(phases.walls) == 1
     assert all(got[p]["seconds"] >= 0 for p in PHASES)
+    assert got["vision"]["tower_calls"] == 4  # one image at a time
     assert 0 < got["vision"]["towers_forward_seconds"] <= got["vision"]["seconds"]
