@@ -31,6 +31,10 @@ transformers, first-step logits against stock in bf16, and token equality on the
    `skinny_gemm`: the tiles that win are installed for every later section and written to
    skinny_gemm_tiles.json); before the decode section the decode kernels' least tiles per range (section `decode_split`)
    and the two-launch MoE router against torch's (section `router`).
+7. Where a VL item's paged wall goes (section `vl_phases`, --vl-items, the ci profile on a dry run): the paged stack
+   built and warmed up in this process as the harness does, run once plainly and once split into the towers,
+   prefill-containing steps, graph-replayed and eager decode-only steps and the rest of the engine loop (calls,
+   tokens, seconds; benchmarks/engine_phases.py), no collectors; then the hf stack's plain run for the ratio.
 Writes paged_h200.json and paged_h200.log to DIR ($OUT on the device machine); prints a short table last.
 """
 import argparse
@@ -644,6 +648,9 @@ def vl_phases(device, names, dry_run) -> dict:
     found = suite_workloads("ci" if dry_run else "full")
     out: dict = {}
     for name in names:
+        if name not in found:
+            say(f"  {name}: no workload of that name in suites/*.yaml (--vl-items)")
+            continue
         section(out, name, vl_item_phases, found[name], device)
     return out
 
@@ -799,8 +806,8 @@ def main() -> int:
                         help="comma-separated suite workloads for the suite section")
     parser.add_argument("--vl-items", default="vl-mixed-batch,vl-arrivals",
                         help="comma-separated DeepSeek-VL suite workloads for the vl_phases section")
-    parser.add_argument("--skip", default="", help="comma-separated sections to skip: "
-                        "batch8,ctx32k,logits,tokens,moe_tiles,skinny_gemm,decode_split,router,decode,suite,vl_phases")
+    parser.add_argument("--skip", default="", help="comma-separated sections to skip: batch8,ctx32k,logits,"
+                        "tokens,moe_tiles,skinny_gemm,decode_split,router,decode,suite,vl_phases")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     device = resolve_device("cpu" if args.dry_run else "cuda")
