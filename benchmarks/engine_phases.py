@@ -2,11 +2,14 @@
 replayed through CUDA graphs or run eagerly, and the rest of the engine loop (scheduler, KV meter, collectors).
 
 The phases are timed by wrapping the instance methods of one built PagedStack (VisionEncoder.encode and, inside
-it, the towers' get_image_features; ModelRunner.step, DecodeGraphs.run, Engine.generate) for the length of a
-`with` block; the harness code is not edited. Each tower call and each step is timed between two device
-synchronizes (no-ops on the CPU), so a phase holds its own GPU work; the synchronizes make the phased run's wall
-a little longer than a plain one. The towers run inside a prefill step: their seconds are taken out of that
-step's, so the phases add up to the engine loop's wall with `rest` the remainder."""
+it, the towers' get_image_features; ModelRunner.step, DecodeGraphs.launch, Engine.generate) for the length of
+a `with` block; the harness code is not edited. Each tower call and each step is timed between two device
+synchronizes (no-ops on the CPU), so a phase holds its own GPU work, and `rest` is host work alone. The
+synchronizes make the phased run's wall longer than a plain one: they cost a little each, and the engine
+launches a decode-only step before it reads the previous one's tokens (harness/stacks/paged/pending.py), so in a
+plain run the host's scheduling and packing of step n+1 overlap the GPU's step n, where here they follow it. The
+towers run inside a prefill step: their seconds are taken out of that step's, so the phases add up to the
+engine loop's wall with `rest` the remainder."""
 from __future__ import annotations
 
 import time
@@ -47,8 +50,8 @@ class EnginePhases:
                 towers = runner.vision.model  # the transformers modules: encode less this is its pixels and copies
                 wrappers += [(runner.vision, "encode", self._encode(runner.vision.encode)),
                              (towers, "get_image_features", self._towers(towers.get_image_features))]
-            if runner.graphs is not None:
-                wrappers.append((runner.graphs, "run", self._graph_run(runner.graphs.run)))
+            if runner.graphs is not None:  # the runner queues a replay through launch (run: launch, then wait)
+                wrappers.append((runner.graphs, "launch", self._graph_launch(runner.graphs.launch)))
         for obj, name, wrapper in wrappers:
             setattr(obj, name, wrapper)  # an instance attribute hides the class's method
         try:
@@ -106,11 +109,11 @@ class EnginePhases:
             return out
         return get_image_features
 
-    def _graph_run(self, original):
-        def run(*args, **kwargs):
+    def _graph_launch(self, original):
+        def launch(*args, **kwargs):
             self._replayed = True
             return original(*args, **kwargs)
-        return run
+        return launch
 
     def _step(self, original):
         def step(batch, *args, **kwargs):

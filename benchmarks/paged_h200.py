@@ -663,8 +663,8 @@ def vl_item_phases(wl, device) -> dict:
         row["paged_over_hf"] = row["paged_plain"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
     decode = row["phases"]["decode_graphs"]["calls"], row["phases"]["decode_eager"]["calls"]
     if row["graphs_captured"] and decode[1] and not decode[0]:
-        say("  WARNING: graphs were captured but no decode step replayed one: has DecodeGraphs.run been renamed "
-            "(benchmarks/engine_phases.py detects replays by wrapping it)?")
+        say("  WARNING: graphs were captured but no decode step replayed one: does ModelRunner.step still replay "
+            "through DecodeGraphs.launch (benchmarks/engine_phases.py detects replays by wrapping it)?")
     say(f"  {wl.name} ({wl.profile} profile): " + json.dumps(row, default=str))
     return row
 
@@ -859,8 +859,9 @@ def main() -> int:
             section(results, "suite", suite_items, device, args.suite_items.split(","))
         if "vl_phases" not in skip:
             say(f"VL items' paged wall by phase ({'ci' if args.dry_run else 'full'} profile), no collectors; each "
-                "tower call and engine step timed between device synchronizes, which make the phased run's wall a "
-                "little longer than the plain one (both printed):")
+                "tower call and engine step timed between device synchronizes, which make the phased run's wall "
+                "longer than the plain one (both printed; they also undo the overlap of a decode step's host work "
+                "with the previous step's GPU work):")
             section(results, "vl_phases", vl_phases, device, args.vl_items.split(","), args.dry_run)
     results["seconds"] = round(time.perf_counter() - t0, 1)
 
