@@ -31,6 +31,10 @@ transformers, first-step logits against stock in bf16, and token equality on the
    `skinny_gemm`: the tiles that win are installed for every later section and written to
    skinny_gemm_tiles.json); before the decode section the decode kernels' least tiles per range (section `decode_split`)
    and the two-launch MoE router against torch's (section `router`).
+7. Where a VL item's paged wall goes (section `vl_phases`, --vl-items, the ci profile on a dry run): the paged stack
+   built and warmed up in this process as the harness does, run once plainly and once split into the towers,
+   prefill-containing steps, graph-replayed and eager decode-only steps and the rest of the engine loop (calls,
+   tokens, seconds; benchmarks/engine_phases.py), no collectors; then the hf stack's plain run for the ratio.
 Writes paged_h200.json and paged_h200.log to DIR ($OUT on the device machine); prints a short table last.
 """
 import argparse
@@ -606,12 +610,17 @@ def router(device) -> dict:
     return {"rows": rows}
 
 
+def suite_workloads(profile: str) -> dict:
+    """Every suites/*.yaml workload by name, under the profile."""
+    thresholds = config.load(ROOT).thresholds
+    return {w.name: w for path in sorted((ROOT / "suites").glob("*.yaml"))
+            for w in workload.load_file(str(path), profile, stacks.names(), thresholds)}
+
+
 def suite_items(device, names) -> dict:
     """Suite items by name (every suites/*.yaml), full profile, hf and paged, through the harness."""
     out = {}
-    thresholds = config.load(ROOT).thresholds
-    found = {w.name: w for path in sorted((ROOT / "suites").glob("*.yaml"))
-             for w in workload.load_file(str(path), "full", stacks.names(), thresholds)}
+    found = suite_workloads("full")
     for name in names:
         wl = found[name]
         rows = {}
@@ -630,6 +639,132 @@ def suite_items(device, names) -> dict:
             rows["paged_over_hf"] = rows["paged"]["tokens_per_s"] / rows["hf"]["tokens_per_s"]
         out[name] = rows
     return out
+
+
+def vl_phases(device, names, dry_run) -> dict:
+    """Where the paged stack's wall goes on VL suite items (ci profile on a dry run, else full): per item the paged
+    stack built and warmed up in this process as the harness does, run once plainly and once split into phases
+    (benchmarks/engine_phases.py), then the hf stack's plain run for the ratio."""
+    found = suite_workloads("ci" if dry_run else "full")
+    out: dict = {}
+    for name in names:
+        if name not in found:
+            say(f"  {name}: no workload of that name in suites/*.yaml (--vl-items)")
+            continue
+        section(out, name, vl_item_phases, found[name], device)
+    return out
+
+
+def vl_item_phases(wl, device) -> dict:
+    row: dict = {"profile": wl.profile}
+    row.update(paged_phases(wl, device))
+    section(row, "hf", hf_plain, wl, device)  # paged's numbers are kept if hf fails
+    if "hf" in row and row["hf"]["tokens_per_s"] and row["paged_plain"]["tokens_per_s"]:
+        row["paged_over_hf"] = row["paged_plain"]["tokens_per_s"] / row["hf"]["tokens_per_s"]
+    decode = row["phases"]["decode_graphs"]["calls"], row["phases"]["decode_eager"]["calls"]
+    if row["graphs_captured"] and decode[1] and not decode[0]:
+        say("  WARNING: graphs were captured but no decode step replayed one: does ModelRunner.step still replay "
+            "through DecodeGraphs.launch (benchmarks/engine_phases.py detects replays by wrapping it)?")
+    say(f"  {wl.name} ({wl.profile} profile): " + json.dumps(row, default=str))
+    return row
+
+
+def paged_phases(wl, device) -> dict:
+    """The paged stack's run once plainly, then once by phase, on one built stack."""
+    from engine_phases import EnginePhases
+
+    paged = built("paged", wl, device)
+    try:
+        plain, phased = EnginePhases(device), EnginePhases(device)
+        with plain.patched(paged, timed=False):
+            row = {"paged_plain": {**timed_run(paged, device), "generate_s": plain.walls[-1]}}
+        with phased.patched(paged):
+            row["paged_phased"] = {**timed_run(paged, device), "generate_s": phased.walls[-1]}
+        row["phases"] = phased.summary()
+        graphs = paged.engine.runner.graphs
+        row["graphs_captured"] = graphs is not None and graphs.captured
+        return row
+    finally:
+        paged.close()
+        del paged
+        release(device)
+
+
+def hf_plain(wl, device) -> dict:
+    """The hf stack's run once, built and warmed up after the paged stack's memory was given back."""
+    hf = built("hf", wl, device)
+    try:
+        return timed_run(hf, device)
+    finally:
+        hf.close()
+        del hf
+        release(device)
+
+
+def built(name: str, wl, device):
+    """A stack as the harness builds one before its timed run (harness/measure_round.py): check, prepare, warm-up."""
+    cls = stacks.load(name)
+    cls.check(wl, device)
+    stack = cls(wl, device)
+    if cls.attentions:
+        stack.attention = cls.attentions[0]
+    stack.prepare()
+    if stack.has_warmup():
+        stack.warmup()
+    return stack
+
+
+def timed_run(stack, device) -> dict:
+    """stack.run once without collectors: its seconds (device synchronized either side), tokens, tokens_per_s."""
+    from harness.stacks.hf import _Unobserved
+
+    sync(device)
+    t = time.perf_counter()
+    result = stack.run(_Unobserved())
+    sync(device)
+    return {"run_s": time.perf_counter() - t, "tokens": result.generated_tokens,
+            "tokens_per_s": result.metrics["tokens_per_s"].value}
+
+
+def release(device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def say_vl_table(items: dict) -> None:
+    """vl_phases' table: per item the phased loop's parts (they add up to its wall), then the plain walls."""
+    from engine_phases import LABELS
+
+    say("")
+    say("| vl item | part | calls | tokens | seconds | of the phased loop | tokens/s |")
+    say("|---|---|---|---|---|---|---|")
+    for name, r in items.items():
+        if not isinstance(r, dict):  # an item's traceback (section's "<name>_error")
+            continue
+        phases, plain, phased, hf = r["phases"], r["paged_plain"], r["paged_phased"], r.get("hf")
+        wall = phases["wall"]
+        for key, label in LABELS.items():
+            p = phases[key]
+            tokens = "-" if p["tokens"] is None else (f"{p['tokens']} ({p['images']} images)" if key == "vision"
+                                                      else p["tokens"])
+            say(f"| {name} | {label} | {'-' if p['calls'] is None else p['calls']} | {tokens} | "
+                f"{p['seconds']:.3f} | {p['seconds'] / wall:.1%} | |")
+            forward = p.get("towers_forward_seconds")
+            if forward is not None:  # encode less this: drawing the pixels, copying them over, the concatenation
+                say(f"| {name} | of which the towers' forward passes | {p['tower_calls']} | | {forward:.3f} | "
+                    f"{forward / wall:.1%} | |")
+        steps = sum(phases[k]["calls"] for k in ("prefill", "decode_graphs", "decode_eager"))
+        say(f"| {name} | paged engine loop, phased (synchronized) | {steps} steps | {phased['tokens']} new | "
+            f"{wall:.3f} | 100% | {num(phased['tokens_per_s'])} |")
+        say(f"| {name} | paged engine loop, plain | | {plain['tokens']} new | {plain['generate_s']:.3f} | | "
+            f"{num(plain['tokens_per_s'])} |")
+        say(f"| {name} | paged run(), plain (the loop and what run() does around it) | | | {plain['run_s']:.3f} | | |")
+        if hf is None:
+            say(f"| {name} | hf run(), plain: failed (see the log) | | | | | |")
+            continue
+        say(f"| {name} | hf run(), plain | | {hf['tokens']} new | {hf['run_s']:.3f} | | {num(hf['tokens_per_s'])} "
+            + (f"(paged / hf {r['paged_over_hf']:.2f}x) |" if "paged_over_hf" in r else "|"))
 
 
 def section(results: dict, key: str, fn, *args) -> None:
@@ -669,8 +804,10 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true", help="scaled-down model on the CPU")
     parser.add_argument("--suite-items", default="r1-staggered-finish,v2-lite-mixed",
                         help="comma-separated suite workloads for the suite section")
-    parser.add_argument("--skip", default="", help="comma-separated sections to skip: "
-                        "batch8,ctx32k,logits,tokens,moe_tiles,skinny_gemm,decode_split,router,decode,suite")
+    parser.add_argument("--vl-items", default="vl-mixed-batch,vl-arrivals",
+                        help="comma-separated DeepSeek-VL suite workloads for the vl_phases section")
+    parser.add_argument("--skip", default="", help="comma-separated sections to skip: batch8,ctx32k,logits,"
+                        "tokens,moe_tiles,skinny_gemm,decode_split,router,decode,suite,vl_phases")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     device = resolve_device("cpu" if args.dry_run else "cuda")
@@ -720,6 +857,12 @@ def main() -> int:
         if "suite" not in skip and not args.dry_run:
             say("suite items, full profile, collectors without the host heap:")
             section(results, "suite", suite_items, device, args.suite_items.split(","))
+        if "vl_phases" not in skip:
+            say(f"VL items' paged wall by phase ({'ci' if args.dry_run else 'full'} profile), no collectors; each "
+                "tower call and engine step timed between device synchronizes, which make the phased run's wall "
+                "longer than the plain one (both printed; they also undo the overlap of a decode step's host work "
+                "with the previous step's GPU work):")
+            section(results, "vl_phases", vl_phases, device, args.vl_items.split(","), args.dry_run)
     results["seconds"] = round(time.perf_counter() - t0, 1)
 
     say("")
@@ -807,6 +950,8 @@ def main() -> int:
             say(f"| {name} | {num(h['tokens_per_s'])} | {num(p['tokens_per_s'])} | "
                 f"{r.get('paged_over_hf', 0):.2f}x | {ms(h['tpot'])} | {ms(p['tpot'])} | "
                 f"{p.get('above_over_declared', float('nan')):.3f} |")
+    if "vl_phases" in results:
+        say_vl_table(results["vl_phases"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "paged_h200.json").write_text(json.dumps(results, indent=1, default=str))
