@@ -3,12 +3,32 @@ against a float32 reference, then median times against the floor (KV bytes read 
 bandwidth measured in this run) and against torch SDPA on a contiguous cache.
 
     PYTHONUNBUFFERED=1 python benchmarks/kernels_h200.py [--sweep] [--out DIR]
-    TRITON_INTERPRET=1 python benchmarks/kernels_h200.py --dry-run   # CPU smoke test of this script
+    PYTHONUNBUFFERED=1 python benchmarks/kernels_h200.py --grid [--max-seconds 480] [--out DIR]
+    TRITON_INTERPRET=1 python benchmarks/kernels_h200.py [--grid] --dry-run   # CPU smoke test of this script
 
 Blocks of 16 tokens scattered at random over the cache, head_dim 128, bf16. --sweep also times
 kernel configs and partition sizes around the defaults (the tuning run). Writes
 kernels_h200.json and kernels_h200.log to DIR ($OUT on the device machine) and prints a short
 table last.
+
+--grid measures issue 14's range through the entry points the paged stack calls (kernels.mla_decode,
+paged_decode, paged_prefill, mla_prefill), in its layouts: MLA decode at 16 and 128 heads (512 + 64),
+dense decode at GQA 28/4, GQA 32/8 and MHA 32/32 (head_dim 128), each at batch 1-256 x context
+1K-128K (cells whose cache would pass 60 GB are skipped and listed), plus one 64K MLA sequence;
+prefill (R1's GQA 28/4) of one 2K / 8K / 32K prompt, 8 x 2K, 2K new tokens on a 30K cached prefix,
+and MLA prefill at 16 heads over 4K, each beside torch SDPA (flash where it takes the shape) on a
+contiguous cache. Floor = max(bytes moved once: cache and queries read, output written / copy
+bandwidth, FLOPs / bf16 torch.mm rate), both rates measured at the start (MLA prefill's FLOPs are those
+of the decompressed 192-wide q/k, 128-wide v: the least work for that problem). Every cell is timed as
+CUDA-graph replays with L2 flushed before each; a decode cache under 160 MB is timed as that many bytes
+of layers' caches, one call each, as in a decode step (the time given is per call), so cells with a
+floor of a few us mostly measure the two launches (the summary also gives the worst cell with a floor
+of 10 us or more). A few cells are checked against the float32 reference; issue 14's quoted vLLM
+numbers sit beside the cells they describe (vLLM is not measured here). Cells run issue 14's table
+rows first, then the rest smallest first; no cell starts past --max-seconds, and the JSON is rewritten
+after every cell. Estimated H200 wall time of the 99 cells: about 3 min (estimate_seconds: 25 s to start,
+42 Triton compiles at ~2 s, 0.5 s of set-up a cell, 13 s of replays, 10 s of fp32 checks), so the grid
+is not trimmed; the budget's default leaves the 10-minute device call 2 minutes of margin.
 """
 import argparse
 import datetime
@@ -17,6 +37,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -74,8 +95,9 @@ def bench(fn):
     return do_bench(fn, warmup=25, rep=150, return_mode="median")
 
 
-def bench_graph(fn):
-    """Median over CUDA-graph replays (no host launch gaps), L2 flushed before each, in ms."""
+def bench_graph(fn, replays=60):
+    """Median over CUDA-graph replays (no host launch gaps), L2 flushed before each, in ms; the first
+    sixth of the replays are warm-up."""
     if DEVICE == "cpu":
         return bench(fn)
     stream = torch.cuda.Stream()
@@ -87,7 +109,7 @@ def bench_graph(fn):
     torch.cuda.synchronize()
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device=DEVICE)
     times = []
-    for _ in range(60):
+    for _ in range(replays):
         flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -95,7 +117,8 @@ def bench_graph(fn):
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    return sorted(times[10:])[len(times[10:]) // 2]
+    kept = sorted(times[replays // 6:])
+    return kept[len(kept) // 2]
 
 
 def copy_bandwidth():
@@ -333,6 +356,478 @@ def check_prefill_and_write(gen):
     return row
 
 
+# --grid: issue 14's range, every paged-attention kernel on every shape in one device call, through the entry points
+# the paged stack calls (harness/stacks/paged/attention.py and mla.py), in the stack's layouts.
+MLA_DECODE, DECODE, PREFILL, MLA_PREFILL = "MLA decode", "paged decode", "prefill", "MLA prefill"
+FAMILIES = (MLA_DECODE, DECODE, PREFILL, MLA_PREFILL)
+SDPA = "SDPA beside"  # torch SDPA on a contiguous cache, timed beside each prefill cell
+GRID = {
+    "batches": (1, 8, 32, 128, 256), "contexts": (1024, 4096, 32768, 131072),
+    "mla_heads": (16, 128), "rank": 512, "rope": 64,  # DeepSeek-V2-Lite; V2/V3
+    "dense": ((28, 4), (32, 8), (32, 32)), "head_dim": 128,  # R1-Distill-Qwen-7B's GQA 28/4 first
+    "long_mla": 65536,  # issue 14's "MLA, one sequence of 64K" row
+    "prompts": (2048, 8192, 32768), "many": (8, 2048), "chunk": (2048, 30720),  # chunk: (new, cached prefix)
+    "mla_prefill": (16, 4096, 192, 128),  # heads, prompt, the q/k and v widths of its FLOP floor (V2-Lite)
+    "cap_bytes": 60e9,  # cells whose cache would pass this are skipped (and listed)
+    "cold_bytes": 160e6, "max_layers": 64,  # a small cache is timed as layers' caches of this many bytes (> L2)
+}
+DRY_GRID = {  # --grid --dry-run: every family's code path on the CPU, one MHA cell over the cap, two layers
+    "batches": (1, 2), "contexts": (32, 64), "mla_heads": (16, 32), "rank": 64, "rope": 16,
+    "dense": ((7, 1), (8, 2), (4, 4)), "head_dim": 32, "long_mla": 96,
+    "prompts": (32, 64, 96), "many": (3, 32), "chunk": (16, 48), "mla_prefill": (16, 64, 48, 32),
+    "cap_bytes": 40_000, "cold_bytes": 40_000, "max_layers": 2,
+}
+VLLM_SOURCE = "vLLM (quoted from issue 14, earlier run)"
+# Issue 14's table (one H200 run before this grid existed: ours then, vLLM 0.32's Triton kernels then), each row with
+# the grid cells it describes. Quoted, never measured here (the device has no vllm); no other cell gets a vLLM number.
+VLLM_QUOTED = [
+    {"case": "MLA, 16 heads (V2-Lite), batched 4K-32K", "ours_then": "1.66-1.76x of the bytes floor",
+     "vllm_then": "3.5-4.3x", "cells": "the issue does not say which batch: every batched cell at 4K and 32K",
+     "match": lambda c, g: c.family == MLA_DECODE and c.q_heads == g["mla_heads"][0] and c.batch > 1
+     and c.context in g["contexts"][1:3]},
+    {"case": "MLA, 128 heads (V2/V3), batched 4K", "ours_then": "5.9x of the FLOP floor", "vllm_then": "12.3x",
+     "cells": "the issue does not say which batch: every batched cell at 4K",
+     "match": lambda c, g: c.family == MLA_DECODE and c.q_heads == g["mla_heads"][1] and c.batch > 1
+     and c.context == g["contexts"][1]},
+    {"case": "MLA, one sequence of 64K", "ours_then": "27x (0.48 ms)", "vllm_then": "9.6x (0.17 ms)",
+     "cells": "16 heads (the issue's 0.48 ms / 27x is the 16-head floor)",
+     "match": lambda c, g: c.family == MLA_DECODE and c.q_heads == g["mla_heads"][0] and c.batch == 1
+     and c.context == g["long_mla"]},
+    {"case": "dense GQA, one sequence of 128K", "ours_then": "2.4x", "vllm_then": "10.5x", "cells": "R1's GQA 28/4",
+     "match": lambda c, g: c.family == DECODE and (c.q_heads, c.kv_heads) == g["dense"][0] and c.batch == 1
+     and c.context == g["contexts"][-1]},
+    {"case": "dense GQA, a few hundred sequences of 1K", "ours_then": "1.38x", "vllm_then": "1.28x",
+     "cells": "the issue does not say which GQA: both, at the largest batch",
+     "match": lambda c, g: c.family == DECODE and c.q_heads != c.kv_heads and c.batch == g["batches"][-1]
+     and c.context == g["contexts"][0]},
+]
+# The H200's rates (kernels_h200_2026-11-29: copy 4.28 TB/s; issue 14's dense prefill floors imply about 790 TFLOP/s
+# for bf16 torch.mm) and what a cell costs there, for the estimate --grid prints before it starts: ours and SDPA at a
+# few times the floor (decode 1.1x batched, MLA 1.8x to 27x, prefill 3-7x, SDPA 1.3-1.6x: issue 14), a decode launch
+# pair (decode + merge) about 12 us however small (paged_h200_2026-12-01 decode_split), a replay's L2 flush and sync.
+H200_COPY_BPS, H200_MM_FLOPS = 4.28e12, 7.9e14
+EXPECTED_X = {MLA_DECODE: 4.0, DECODE: 1.5, PREFILL: 4.0 + 1.5, MLA_PREFILL: 7.0 + 1.6}  # prefill: ours + SDPA
+LAUNCH_MS, REPLAY_OVERHEAD_MS, FILL_BPS = 0.012, 0.2, 1e12
+# imports, CUDA and the two rates; a cell's set-up (tables, capture, empty_cache); one kernel variant; one fp32 check
+START_S, CELL_S, COMPILE_S, CHECK_S = 25.0, 0.5, 2.0, 1.0
+
+
+def tokens(n):
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measurement: `batch` sequences of `context` tokens in the paged cache, the last `new` of each the
+    queries (1: decode)."""
+    family: str
+    batch: int
+    context: int
+    new: int
+    q_heads: int
+    kv_heads: int  # MLA: 1, the latent row every head reads
+    head_dim: int  # MLA: kv_lora_rank
+    rope: int = 0  # MLA: qk_rope_head_dim
+    floor_dims: tuple = ()  # (q/k, v) widths of the FLOP floor where the kernel's own math is wider (MLA prefill)
+    check: bool = False  # compared with kernels/reference.py in float32
+
+    @property
+    def shape(self):
+        if self.family in (MLA_DECODE, MLA_PREFILL):
+            return f"MLA {self.q_heads}h"
+        return f"{'MHA' if self.q_heads == self.kv_heads else 'GQA'} {self.q_heads}/{self.kv_heads}"
+
+    @property
+    def case(self):
+        if self.new == 1:
+            return f"b{self.batch} x {tokens(self.context)}"
+        if self.new == self.context:
+            return f"{self.batch} x {tokens(self.context)} causal"
+        return f"{self.batch} x {tokens(self.new)} new on {tokens(self.context - self.new)} cached"
+
+    @property
+    def name(self):
+        return f"{self.shape} {self.case}"
+
+
+def cache_bytes(c):
+    row = (c.head_dim + c.rope) if c.family in (MLA_DECODE, MLA_PREFILL) else 2 * c.kv_heads * c.head_dim
+    return c.batch * c.context * row * DTYPE.itemsize
+
+
+def traffic_bytes(c):
+    """Bytes that must move at least once: the cache and the queries read, the output written."""
+    return cache_bytes(c) + c.batch * c.new * c.q_heads * (c.head_dim + c.rope + c.head_dim) * DTYPE.itemsize
+
+
+def attention_flops(c):
+    """2 x (q/k + v width) per (query head, key it sees): queries see the cached prefix and, causally, each other."""
+    qk, v = c.floor_dims or (c.head_dim + c.rope, c.head_dim)
+    pairs = c.batch * (c.new * (c.context - c.new) + c.new * (c.new + 1) // 2)
+    return 2 * pairs * c.q_heads * (qk + v)
+
+
+def floor_ms(moved, flops, bandwidth, rate):
+    """The least time: every byte moved once at the copy bandwidth, or every FLOP at the matmul rate."""
+    return max(moved / bandwidth, flops / rate) * 1e3
+
+
+def cell_layers(c, g):
+    """Decode caches under cold_bytes are timed as several layers' caches, one call each (a decode step's
+    pattern): each read from HBM, as in the engine, and the launches amortised as in its CUDA graph."""
+    if c.family in (PREFILL, MLA_PREFILL):
+        return 1
+    return min(g["max_layers"], max(1, math.ceil(g["cold_bytes"] / cache_bytes(c))))
+
+
+def replays_for(ms):
+    return 60 if ms < 2 else 20
+
+
+def issue_rank(c, g):
+    """Where issue 14's table puts the cell: its decode rows in order, then its prefill rows, then the rest."""
+    for i, quote in enumerate(VLLM_QUOTED):
+        if quote["match"](c, g):
+            return i
+    issue_prefill = c.family == MLA_PREFILL or c.family == PREFILL and (
+        c.batch > 1 or c.new < c.context or c.context == g["prompts"][-1])
+    return len(VLLM_QUOTED) + (0 if issue_prefill else 1)
+
+
+def all_cells(g):
+    """Every cell of the grid `g`, shape by shape, context by context."""
+    batches, contexts = g["batches"], g["contexts"]
+    checked = (batches[1], contexts[1])
+    cells = []
+    for heads in g["mla_heads"]:
+        sizes = [(b, n) for n in contexts for b in batches]
+        long_one = (1, g["long_mla"])
+        sizes += [long_one] if heads == g["mla_heads"][0] else []
+        cells += [Cell(MLA_DECODE, b, n, 1, heads, 1, g["rank"], g["rope"], check=(b, n) in (checked, long_one))
+                  for b, n in sizes]
+    for i, (hq, hkv) in enumerate(g["dense"]):
+        long_one = (1, contexts[-1]) if i == 0 else None
+        cells += [Cell(DECODE, b, n, 1, hq, hkv, g["head_dim"], check=(b, n) in (checked, long_one))
+                  for n in contexts for b in batches]
+    hq, hkv = g["dense"][0]
+    many, prompt = g["many"]
+    new, prefix = g["chunk"]
+    prefills = [(1, n, n) for n in g["prompts"]] + [(many, prompt, prompt), (1, prefix + new, new)]
+    cells += [Cell(PREFILL, b, n, q, hq, hkv, g["head_dim"], check=b > 1 or q < n) for b, n, q in prefills]
+    heads, prompt, qk, v = g["mla_prefill"]
+    cells.append(Cell(MLA_PREFILL, 1, prompt, prompt, heads, 1, g["rank"], g["rope"], (qk, v), check=True))
+    return cells
+
+
+def grid_cells(g):
+    """(cells to run, issue 14's rows first and then the rest smallest cache first, so a budget cut drops the
+    largest; [(cell, why)] for the cells whose cache is over the cap)."""
+    cells, cap = all_cells(g), g["cap_bytes"]
+    skipped = [(c, f"cache {cache_bytes(c) / 1e9:.3g} GB over the {cap / 1e9:.3g} GB cap")
+               for c in cells if cache_bytes(c) > cap]
+    kept = [c for c in cells if cache_bytes(c) <= cap]
+    return sorted(kept, key=lambda c: (issue_rank(c, g), cache_bytes(c))), skipped
+
+
+def estimate_seconds(cells, g, bandwidth=H200_COPY_BPS, rate=H200_MM_FLOPS):
+    """The grid's wall time on an H200 from the costs above (one compile per kernel variant: Triton specialises
+    decode on the padded batch)."""
+    total, variants = START_S + CELL_S * len(cells), set()
+    for c in cells:
+        layers = cell_layers(c, g)
+        floor = floor_ms(traffic_bytes(c), attention_flops(c), bandwidth, rate)
+        replay_ms = layers * max(EXPECTED_X[c.family] * floor, LAUNCH_MS) + REPLAY_OVERHEAD_MS
+        total += (replays_for(floor * layers) + 3) * replay_ms / 1e3  # + the warm-up, capture and checked calls
+        total += layers * cache_bytes(c) / FILL_BPS + (CHECK_S if c.check else 0.0)
+        variant = (c.family, c.q_heads, c.kv_heads, max(16, dispatch.next_pow2(c.batch)))
+        if variant not in variants:
+            variants.add(variant)
+            total += COMPILE_S * (2 if c.new == 1 else 1)  # decode: the kernel and its merge
+    return total
+
+
+def matmul_rate():
+    """bf16 FLOP/s of torch.mm at 8192^3, the best of do_bench's runs."""
+    n = 8192 if DEVICE == "cuda" else 256
+    a, b = (torch.randn(n, n, device=DEVICE, dtype=DTYPE) for _ in range(2))
+    if DEVICE == "cpu":  # --dry-run: the plumbing only
+        torch.mm(a, b)
+        return 2 * n**3 / 1e-3
+    ms = do_bench(lambda: torch.mm(a, b), warmup=50, rep=300, return_mode="min")
+    return 2 * n**3 / (ms * 1e-3)
+
+
+def paged_batch(c, gen):
+    """Block table (blocks scattered at random), seq_lens and the cache's block count for c's sequences."""
+    lengths = [c.context] * c.batch
+    table, num_blocks = scattered_tables(lengths, gen)
+    return table, torch.tensor(lengths, dtype=torch.int32, device=DEVICE), num_blocks
+
+
+def bf16(*shape):
+    return torch.randn(*shape, device=DEVICE, dtype=DTYPE)
+
+
+def decode_cell(c, layers, gen):
+    table, seq_lens, num_blocks = paged_batch(c, gen)
+    caches = [(bf16(num_blocks, BLOCK, c.kv_heads, c.head_dim), bf16(num_blocks, BLOCK, c.kv_heads, c.head_dim))
+              for _ in range(layers)]
+    q, scale = bf16(c.batch, c.q_heads, c.head_dim), c.head_dim ** -0.5
+    k0, v0 = caches[0]
+    return {"step": lambda: [kernels.paged_decode(q, k, v, table, seq_lens, scale) for k, v in caches],
+            "output": lambda: kernels.paged_decode(q, k0, v0, table, seq_lens, scale),
+            "reference": lambda: reference.paged_decode(q.float(), k0.float(), v0.float(), table, seq_lens, scale)}
+
+
+def mla_queries(c):
+    """q_latent in the layout of the stack's bmm ([heads, tokens, rank] transposed), q_pe, an output like it."""
+    q_lat = bf16(c.q_heads, c.batch * c.new, c.head_dim).transpose(0, 1)
+    return q_lat, bf16(c.batch * c.new, c.q_heads, c.rope), torch.empty_like(q_lat)
+
+
+def mla_decode_cell(c, layers, gen):
+    table, seq_lens, num_blocks = paged_batch(c, gen)
+    caches = [bf16(num_blocks, BLOCK, c.head_dim + c.rope) for _ in range(layers)]
+    (q_lat, q_pe, out), scale = mla_queries(c), (128 + 64) ** -0.5
+    return {"step": lambda: [kernels.mla_decode(q_lat, q_pe, cache, table, seq_lens, scale, out=out)
+                             for cache in caches],
+            "output": lambda: kernels.mla_decode(q_lat, q_pe, caches[0], table, seq_lens, scale, out=poisoned(out)),
+            "reference": lambda: reference.mla_decode(q_lat.float(), q_pe.float(), caches[0].float(), table,
+                                                      seq_lens, scale)}
+
+
+def packed_starts(c):
+    return (torch.arange(c.batch + 1, dtype=torch.int32) * c.new).to(DEVICE)
+
+
+def prefill_cell(c, layers, gen):
+    table, seq_lens, num_blocks = paged_batch(c, gen)
+    k, v = (bf16(num_blocks, BLOCK, c.kv_heads, c.head_dim) for _ in range(2))
+    q, cu, scale = bf16(c.batch * c.new, c.q_heads, c.head_dim), packed_starts(c), c.head_dim ** -0.5
+    ours = lambda: kernels.paged_prefill(q, k, v, table, cu, seq_lens, scale, max_q_len=c.new)  # noqa: E731
+    kc, vc = contiguous(k, table, c.context), contiguous(v, table, c.context)  # [batch, kv heads, context, dim]
+    q4 = q.view(c.batch, c.new, c.q_heads, c.head_dim).transpose(1, 2).contiguous()
+    return {"step": ours, "output": ours,
+            "reference": lambda: reference.paged_prefill(q.float(), k.float(), v.float(), table, cu, seq_lens, scale),
+            "sdpa": lambda: causal_sdpa(q4, kc, vc, scale),
+            "sdpa_as_ours": lambda o: o.transpose(1, 2).reshape(q.shape)}
+
+
+def mla_prefill_cell(c, layers, gen):
+    """Ours in latent space (absorbed, as the stack runs it); SDPA on the same-size problem decompressed
+    (per-head q/k and v of floor_dims' widths), which the FLOP floor counts."""
+    table, seq_lens, num_blocks = paged_batch(c, gen)
+    cache = bf16(num_blocks, BLOCK, c.head_dim + c.rope)
+    (q_lat, q_pe, out), cu, scale = mla_queries(c), packed_starts(c), (128 + 64) ** -0.5
+    qk, v = c.floor_dims
+    q4, k4, v4 = bf16(c.batch, c.q_heads, c.new, qk), bf16(c.batch, c.q_heads, c.context, qk), bf16(
+        c.batch, c.q_heads, c.context, v)
+    return {"step": lambda: kernels.mla_prefill(q_lat, q_pe, cache, table, cu, seq_lens, scale, c.new, out=out),
+            "output": lambda: kernels.mla_prefill(q_lat, q_pe, cache, table, cu, seq_lens, scale, c.new,
+                                                  out=poisoned(out)),
+            "reference": lambda: reference.mla_prefill(q_lat.float(), q_pe.float(), cache.float(), table, cu,
+                                                       seq_lens, scale),
+            "sdpa": lambda: causal_sdpa(q4, k4, v4, scale)}
+
+
+BUILDERS = {DECODE: decode_cell, MLA_DECODE: mla_decode_cell, PREFILL: prefill_cell, MLA_PREFILL: mla_prefill_cell}
+
+
+def causal_sdpa(q, k, v, scale):
+    """torch SDPA, queries the last keys' positions: causal, lower-right aligned where a prefix is cached."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    lq, lk = q.shape[-2], k.shape[-2]
+    mask = {"is_causal": True} if lq == lk else {"attn_mask": causal_lower_right(lq, lk)}
+    return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=q.shape[1] != k.shape[1], **mask)
+
+
+def time_sdpa(sdpa, floor, replays):
+    """SDPA beside ours: its flash backend where that takes the shape, else the backend torch picks (and why)."""
+    import warnings
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def flash():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return sdpa()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out, fn, backend = flash(), flash, "flash"
+        except RuntimeError as e:  # torch's warnings say why: keep them, less the "(Triggered internally at ...)"
+            why = [str(w.message).split(" (Triggered")[0] for w in caught] + [str(e)]
+            why = [w for w in why if not w.endswith("not used because:")]
+            out, fn, backend = sdpa(), sdpa, "default; flash refused: " + " / ".join(why)[:200]
+    ms = bench_graph(fn, replays)
+    return {"backend": backend, "ms": ms, "x_floor": ms / floor}, out
+
+
+def cell_row(c, g, bandwidth, rate):
+    """What the cell is, its bytes, FLOPs and floor, and the issue's vLLM quote where one describes it."""
+    moved, flops = traffic_bytes(c), attention_flops(c)
+    row = {"family": c.family, "shape": c.shape, "case": c.case, "name": c.name, "batch": c.batch,
+           "context": c.context, "new_tokens": c.new, "q_heads": c.q_heads, "kv_heads": c.kv_heads,
+           "head_dim": c.head_dim, "rope": c.rope, "floor_dims": list(c.floor_dims), "cache_bytes": cache_bytes(c),
+           "bytes": moved, "flops": flops, "layers": cell_layers(c, g),
+           "floor_ms": floor_ms(moved, flops, bandwidth, rate),
+           "floor_bound": "bytes" if moved / bandwidth >= flops / rate else "FLOPs"}
+    for quote in VLLM_QUOTED:
+        if quote["match"](c, g):
+            row["vllm_quoted"] = {"source": VLLM_SOURCE, **{k: v for k, v in quote.items() if k != "match"}}
+    return row
+
+
+def run_grid_cell(c, g, bandwidth, rate, gen):
+    row = cell_row(c, g, bandwidth, rate)
+    layers, floor = row["layers"], row["floor_ms"]
+    build = BUILDERS[c.family](c, layers, gen)
+    out = build["output"]()
+    if c.check:
+        row["rel_err"] = rel_err(out, build["reference"]())
+        row["ok"] = row["rel_err"] < BF16_BOUND
+    replays = replays_for(floor * layers)
+    row["ms"] = bench_graph(build["step"], replays) / layers
+    row["x_floor"] = row["ms"] / floor
+    if "sdpa" in build:
+        try:
+            row["sdpa"], sdpa_out = time_sdpa(build["sdpa"], floor, replays)
+        except Exception as e:  # noqa: BLE001 - SDPA's failure is recorded beside ours, which stands
+            row["sdpa_error"] = repr(e)[:300]
+            return row
+        if "sdpa_as_ours" in build:
+            row["sdpa"]["rel_err_vs_ours"] = rel_err(build["sdpa_as_ours"](sdpa_out), out)
+    return row
+
+
+def run_grid(args, g, env, t0):
+    bandwidth, rate = copy_bandwidth(), matmul_rate()
+    log(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write, device-to-device copy); "
+        f"bf16 matmul {rate / 1e12:.1f} TFLOP/s (torch.mm, best run)")
+    cells, skipped = grid_cells(g)
+    full, _ = grid_cells(GRID)
+    estimate = estimate_seconds(full, GRID)
+    log(f"grid: {len(cells)} cells, {len(skipped)} over the cache cap; the full grid ({len(full)} cells) is "
+        f"estimated at {estimate / 60:.1f} min on an H200; --max-seconds {args.max_seconds}")
+    rows = [{**cell_row(c, g, bandwidth, rate), "status": "skipped: " + why} for c, why in skipped]
+    for c, why in skipped:
+        log(f"skipped {c.family} {c.name}: {why}")
+    gen = torch.Generator().manual_seed(0)
+    result = {"env": env, "copy_bandwidth_Bps": bandwidth, "matmul_flops_per_s": rate, "grid": g,
+              "estimate_s_h200": estimate, "vllm_quoted": [{k: v for k, v in q.items() if k != "match"}
+                                                           for q in VLLM_QUOTED], "rows": rows}
+    for c in cells:
+        if time.time() - t0 > args.max_seconds:
+            rows.append({**cell_row(c, g, bandwidth, rate), "status": "not run: past --max-seconds"})
+            continue
+        started = time.time()
+        try:
+            row = {**run_grid_cell(c, g, bandwidth, rate, gen), "status": "ok"}
+        except Exception as e:  # noqa: BLE001 - out of memory, a compile error: recorded, the grid goes on
+            row = {**cell_row(c, g, bandwidth, rate), "status": "error", "error": repr(e)[:300]}
+        row["seconds"] = time.time() - started
+        rows.append(row)
+        log(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()
+                        if k not in ("vllm_quoted", "floor_dims")}))
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+        result["seconds"] = time.time() - t0
+        write_results(args.out, result)  # after every cell: a call killed at its limit keeps what it measured
+    grid_report(rows, g, bandwidth, rate)
+    log(f"total {time.time() - t0:.0f} s")
+    write_results(args.out, result)
+
+
+def write_results(out_dir, result):
+    with open(os.path.join(out_dir, "kernels_h200.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(out_dir, "kernels_h200.log"), "w") as f:
+        f.write("\n".join(LOG) + "\n")
+
+
+def x_text(row):
+    """A cell of the compact tables: x floor (* where the floor is FLOP-bound), or why there is no number."""
+    if row["status"] != "ok":
+        return {"skipped": "cap", "not run": "-", "error": "err"}[row["status"].split(":")[0]]
+    return f"{row['x_floor']:.2f}{'*' if row['floor_bound'] == 'FLOPs' else ''}"
+
+
+def summary_table(rows):
+    """Per family: cells measured, the worst x floor and where, the median, and the worst among cells whose floor
+    is at least 10 us (below it a decode is mostly its two launches)."""
+    log(f"{'family':13s} {'cells':>9s} {'worst x':>8s}  {'at':34s} {'median':>7s}  worst where floor >= 10 us")
+    prefills = [r for r in rows if r["family"] in (PREFILL, MLA_PREFILL)]
+    for family, planned in [(f, [r for r in rows if r["family"] == f]) for f in FAMILIES] + [(SDPA, prefills)]:
+        measured = sorted((r["sdpa"]["x_floor"] if family == SDPA else r["x_floor"], r["name"], r["floor_ms"])
+                          for r in planned if r["status"] == "ok" and (family != SDPA or "sdpa" in r))
+        if not measured:
+            log(f"{family:13s} {0:>4d} / {len(planned):<3d} none measured")
+            continue
+        worst = measured[-1]
+        big = [m for m in measured if m[2] >= 0.010]
+        big_worst = f"{big[-1][0]:.2f} ({big[-1][1]})" if big else "n/a"
+        log(f"{family:13s} {len(measured):>4d} / {len(planned):<3d} {worst[0]:8.2f}  {worst[1]:34s} "
+            f"{measured[len(measured) // 2][0]:7.2f}  {big_worst}")
+
+
+def decode_table(rows, family, g):
+    """Rows: shape and context, in the grid's order; columns: batch."""
+    log(f"{family}, x floor by batch (cap: cache over {g['cap_bytes'] / 1e9:.3g} GB, skipped; -: not run)")
+    log(f"{'shape, context':22s}" + "".join(f"{'b' + str(b):>9s}" for b in g["batches"]))
+    by_name = {r["name"]: r for r in rows if r["family"] == family}
+    lines = {}
+    for c in all_cells(g):
+        if c.family == family:
+            lines.setdefault((c.shape, c.context), {})[c.batch] = by_name[c.name]
+    order = list(dict.fromkeys(shape for shape, _ in lines))
+    for shape, ctx in sorted(lines, key=lambda key: (order.index(key[0]), key[1])):
+        cols = lines[(shape, ctx)]
+        log(f"{shape + ' ' + tokens(ctx):22s}" + "".join(
+            f"{x_text(cols[b]) if b in cols else '':>9s}" for b in g["batches"]))
+
+
+def prefill_table(rows, g):
+    log("prefill over the paged cache (ours) and torch SDPA on a contiguous cache (its backend last), x floor")
+    log(f"{'case':44s} {'floor ms':>9s} {'ours ms':>8s} {'x':>6s} {'SDPA ms':>8s} {'x':>6s} {'rel err':>8s}  SDPA")
+    by_name = {(r["family"], r["name"]): r for r in rows}
+    for c in all_cells(g):
+        if c.family not in (PREFILL, MLA_PREFILL):
+            continue
+        r = by_name[(c.family, c.name)]
+        sd = r.get("sdpa", {})
+        ours = f"{r['ms']:8.3f}" if r["status"] == "ok" else f"{'':8s}"
+        theirs = f"{sd['ms']:8.3f} {sd['x_floor']:6.2f}" if sd else f"{'':8s} {'':6s}"
+        err = f"{r['rel_err']:8.1e}" if "rel_err" in r else f"{'':8s}"
+        log(f"{r['family'] + ': ' + r['name']:44s} {r['floor_ms']:9.3f} {ours} {x_text(r):>6s} {theirs} {err}  "
+            f"{sd.get('backend', r.get('sdpa_error', ''))}")
+
+
+def grid_report(rows, g, bandwidth, rate):
+    """The checks and the issue's vLLM quotes; then the short table: the summary per family, then one compact
+    table per family, in x-floor units."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    checked = [r for r in ok if "rel_err" in r]
+    log("")
+    log(f"float32 reference checks: {sum(r['ok'] for r in checked)} of {len(checked)} within {BF16_BOUND}: "
+        + ", ".join(f"{r['name']} {r['rel_err']:.1e}" for r in checked))
+    log(f"{VLLM_SOURCE}, beside the cells they describe:")
+    for quote in VLLM_QUOTED:
+        matched = [r for r in ok if r.get("vllm_quoted", {}).get("case") == quote["case"]]
+        now = ", ".join(f"{r['name']} {x_text(r)}" for r in matched) or "not measured"
+        log(f"  {quote['case']}: ours then {quote['ours_then']}, vLLM then {quote['vllm_then']} "
+            f"({quote['cells']}); ours now: {now}")
+    log("")
+    log(f"issue 14's grid; floor = max(bytes moved once / {bandwidth / 1e12:.2f} TB/s copy, "
+        f"FLOPs / {rate / 1e12:.0f} TFLOP/s bf16 mm); x floor = ours / floor (* = the FLOP floor)")
+    summary_table(rows)
+    for family in (MLA_DECODE, DECODE):
+        log("")
+        decode_table(rows, family, g)
+    log("")
+    prefill_table(rows, g)
+
+
 def dry_run_shapes():
     global DEVICE, DECODE_SHAPES, MLA_SHAPE, DECODE_SWEEP, MLA_SWEEP, HEAD_DIM
     DEVICE, HEAD_DIM = "cpu", 32
@@ -347,7 +842,12 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="also time configs and partition sizes")
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
+    parser.add_argument("--grid", action="store_true", help="issue 14's grid: every kernel on every shape")
+    parser.add_argument("--max-seconds", type=float, default=480,
+                        help="--grid starts no cell past this many seconds from the start (default 480)")
     args = parser.parse_args()
+    if args.grid and args.sweep:
+        parser.error("--sweep times the default shapes' configs: run it without --grid")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     if args.dry_run:
@@ -360,6 +860,9 @@ def main():
            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
            "defaults": {"decode": decode.DEFAULT_CONFIG, "mla": mla.DEFAULT_CONFIG}}
     log("env", json.dumps(env))
+    torch.manual_seed(0)
+    if args.grid:
+        return run_grid(args, DRY_GRID if args.dry_run else GRID, env, t0)
     bw = copy_bandwidth()
     log(f"copy bandwidth {bw / 1e12:.3f} TB/s (read + write, 4 GiB device-to-device copy)")
     gen = torch.Generator().manual_seed(0)

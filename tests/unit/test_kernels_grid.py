@@ -1,0 +1,69 @@
+"""benchmarks/kernels_h200.py --grid: its floor arithmetic and its cell list, on the CPU (nothing timed).
+The floors are checked against the ones issue 14's table implies (its ms over its x floor) at one matmul rate
+and the copy bandwidth of the 2026-11-29 run: the grid must judge new kernels by the floor the issue set."""
+import pytest
+
+from benchmarks import kernels_h200 as kg
+
+COPY_BPS, MM_FLOPS = 4.28e12, 7.9e14  # kernels_h200_2026-11-29's copy; the rate issue 14's dense prefill rows imply
+
+
+def cell(family, name):
+    return next(c for c in kg.all_cells(kg.GRID) if c.family == family and c.name == name)
+
+
+def floor(c):
+    return kg.floor_ms(kg.traffic_bytes(c), kg.attention_flops(c), COPY_BPS, MM_FLOPS)
+
+
+@pytest.mark.parametrize("family,name,issue_ms,issue_x", [
+    (kg.MLA_DECODE, "MLA 16h b1 x 64K", 0.48, 27),  # bytes-bound: 64K latent rows of 1152 B
+    (kg.PREFILL, "GQA 28/4 1 x 32K causal", 30.5, 3.1),  # FLOP-bound from here on
+    (kg.PREFILL, "GQA 28/4 1 x 32K causal", 13.0, 1.3),  # (SDPA's pair of numbers: the same floor)
+    (kg.PREFILL, "GQA 28/4 8 x 2K causal", 1.12, 3.7),
+    (kg.PREFILL, "GQA 28/4 1 x 2K new on 30K cached", 4.2, 3.6),
+])
+def test_floor_is_the_issues(family, name, issue_ms, issue_x):
+    assert floor(cell(family, name)) == pytest.approx(issue_ms / issue_x, rel=0.05)
+
+
+def test_floor_takes_the_larger_bound():
+    mla_128 = cell(kg.MLA_DECODE, "MLA 128h b8 x 4K")  # 128 heads x 1088 FLOPs per 1152-byte row: compute-bound
+    moved, flops = kg.traffic_bytes(mla_128), kg.attention_flops(mla_128)
+    assert flops / MM_FLOPS > moved / COPY_BPS
+    assert floor(mla_128) == pytest.approx(flops / MM_FLOPS * 1e3)
+    mla_16 = cell(kg.MLA_DECODE, "MLA 16h b8 x 4K")
+    assert floor(mla_16) == pytest.approx(kg.traffic_bytes(mla_16) / COPY_BPS * 1e3)
+
+
+def test_mla_prefill_floor_counts_the_decompressed_widths():
+    """16 heads, q/k 192 and v 128 wide over a causal 4K prompt: 2 x 4096 x 4097 / 2 pairs x 16 x 320."""
+    c = cell(kg.MLA_PREFILL, "MLA 16h 1 x 4K causal")
+    assert kg.attention_flops(c) == 2 * (4096 * 4097 // 2) * 16 * (192 + 128)
+
+
+def test_cells_over_the_cap_are_skipped_and_listed():
+    cells, skipped = kg.grid_cells(kg.GRID)
+    assert all(kg.cache_bytes(c) <= kg.GRID["cap_bytes"] for c in cells)
+    assert all(kg.cache_bytes(c) > kg.GRID["cap_bytes"] for c, _ in skipped)
+    assert sorted(c.name for c in cells + [c for c, _ in skipped]) == sorted(c.name for c in kg.all_cells(kg.GRID))
+    assert {c.name for c, _ in skipped} == {  # K + V of 2 KiB (GQA 28/4) to 16 KiB (MHA 32/32) a token
+        "GQA 28/4 b256 x 128K", "GQA 32/8 b128 x 128K", "GQA 32/8 b256 x 128K", "MHA 32/32 b32 x 128K",
+        "MHA 32/32 b128 x 128K", "MHA 32/32 b256 x 128K", "MHA 32/32 b128 x 32K", "MHA 32/32 b256 x 32K"}
+    assert any(c.family == kg.MLA_DECODE and c.batch == 256 and c.context == 131072 for c in cells)  # 38.7 GB
+
+
+def test_issue_rows_run_first_and_every_quote_has_cells():
+    cells, _ = kg.grid_cells(kg.GRID)
+    ranks = [kg.issue_rank(c, kg.GRID) for c in cells]
+    assert ranks == sorted(ranks)
+    quoted = [c for c in cells if any(q["match"](c, kg.GRID) for q in kg.VLLM_QUOTED)]
+    assert cells[:len(quoted)] == quoted
+    for quote in kg.VLLM_QUOTED:
+        assert any(quote["match"](c, kg.GRID) for c in cells), quote["case"]
+    assert cell(kg.DECODE, "GQA 28/4 b1 x 128K") in quoted and cell(kg.DECODE, "MHA 32/32 b1 x 128K") not in quoted
+
+
+def test_the_full_grid_fits_one_device_call():
+    cells, _ = kg.grid_cells(kg.GRID)
+    assert kg.estimate_seconds(cells, kg.GRID) <= 6 * 60
