@@ -50,7 +50,7 @@ class EnginePhases:
                 towers = runner.vision.model  # the transformers modules: encode less this is its pixels and copies
                 wrappers += [(runner.vision, "encode", self._encode(runner.vision.encode)),
                              (towers, "get_image_features", self._towers(towers.get_image_features))]
-            if runner.graphs is not None:  # the runner queues a replay through launch (run: launch, then wait)
+            if runner.graphs is not None:  # the runner replays a graph through launch, and only there
                 wrappers.append((runner.graphs, "launch", self._graph_launch(runner.graphs.launch)))
         for obj, name, wrapper in wrappers:
             setattr(obj, name, wrapper)  # an instance attribute hides the class's method

@@ -63,6 +63,13 @@ class Replay:
         self.graphs._forward(self.b)
 
 
+def synced(g: DecodeGraphs, *step) -> list[int]:
+    """One step launched and waited for, as ModelRunner.step reads a step it does not defer."""
+    _, host, done = g.launch(*step)
+    done.synchronize()
+    return host.tolist()
+
+
 def stand_in(max_batch=4, width=3) -> DecodeGraphs:
     g = packer(max_batch, width)
     g.model, g.buckets = Model(), [1, 2, 4]
@@ -71,10 +78,10 @@ def stand_in(max_batch=4, width=3) -> DecodeGraphs:
 
 
 def test_run_replays_the_smallest_bucket_and_returns_the_real_rows():
-    """DecodeGraphs.run on the CPU with stand-in graphs: the path a GPU step takes around the replay (a bug here
-    only showed on the H200 before)."""
+    """DecodeGraphs.launch, waited for, on the CPU with stand-in graphs: the path a GPU step takes around the replay
+    (a bug here only showed on the H200 before)."""
     g = stand_in()
-    assert g.run([11, 12, 13], [5, 6, 7], [50, 60, 70], [[1], [2, 3], [4]]) == [12, 13, 14]
+    assert synced(g, [11, 12, 13], [5, 6, 7], [50, 60, 70], [[1], [2, 3], [4]]) == [12, 13, 14]
     assert g.model.seen == [[11, 12, 13, 0]]  # bucket 4: the padding row feeds token 0
 
 
@@ -87,7 +94,7 @@ def test_ids_from_the_previous_steps_tokens_on_the_device():
     g.launch([0, 0, 40, 0], [6, 7, 0, 8], [51, 71, 0, 61], [[1], [4], [5], [2, 3]], sources=[0, 2, -1, 1])
     assert g.model.seen[-1] == [12, 14, 40, 13]
     assert host.tolist() == [12, 13, 14]  # the first step's copy, in the buffer the second did not use
-    assert g.run([7], [0], [0], [[0]]) == [8]  # a synced step after them, bucket 1
+    assert synced(g, [7], [0], [0], [[0]]) == [8]  # a synced step after them, bucket 1
 
 
 def test_every_field_the_kernels_read_is_16_byte_aligned():
@@ -99,6 +106,6 @@ def test_every_field_the_kernels_read_is_16_byte_aligned():
         assert all(t.data_ptr() % 16 == 0 for t in g.fields(max_batch))
     g = stand_in(max_batch=5)
     g.buckets, g.graphs = [1, 2, 4, 5], {b: Replay(g, b) for b in (1, 2, 4, 5)}
-    assert g.run([11, 12, 13, 14, 15], [1, 2, 3, 4, 5], [10, 20, 30, 40, 50], [[1]] * 5) == [12, 13, 14, 15, 16]
+    assert synced(g, [11, 12, 13, 14, 15], [1, 2, 3, 4, 5], [10, 20, 30, 40, 50], [[1]] * 5) == [12, 13, 14, 15, 16]
     g.launch([0, 0, 9], [2, 3, 0], [11, 21, 0], [[1], [1], [2]], sources=[4, 0, -1])
     assert g.model.seen[-1] == [16, 12, 9, 0]

@@ -103,7 +103,7 @@ class DecodeGraphs:
     def pack(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]],
              sources: list[int] | None = None) -> None:
         """A step's inputs into the pinned host buffer, with numpy on its memory (torch's slicing of a host
-        tensor costs ~10 us a call: the four padding writes were most of a step's ~90 us of packing).
+        tensor costs ~10 us a call: the padding writes were most of a step's ~90 us of packing).
         sources[i] >= 0: row i's id is the previous step's token of row sources[i], on the device."""
         n, r = len(ids), self.row
         host = self.host.numpy()
@@ -144,12 +144,6 @@ class DecodeGraphs:
         self.done[k].record()
         self.turn = 1 - k
         return self.buffer[:n], out, self.done[k]
-
-    def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]]) -> list[int]:
-        """One decode step of len(ids) sequences; returns their greedy tokens."""
-        _, out, done = self.launch(ids, positions, slots, tables)
-        done.synchronize()
-        return out.tolist()
 
     def describe(self) -> str:
         return (f"CUDA graphs for decode batches of {', '.join(map(str, self.buckets))} sequences "

@@ -3,7 +3,7 @@
 Every request here runs to its max_new_tokens, so what the engine schedules next never depends on a
 sampled token's value, only on its count. The engine therefore launches step n+1 before it reads step
 n's tokens: the host's scheduling, packing and launching of n+1 overlap the GPU's step n, instead of
-the GPU idling through them (about 0.4-0.6 ms a step on the H200, 6-9% of a 7B decode step). Step n's
+the GPU idling through them (0.25-0.58 ms a step on the H200, 5-9% of a decode step). Step n's
 sequences hold a placeholder token until then; step n+1 takes their input ids from step n's tokens on
 the device (DecodeGraphs reads them inside the graph, an eager step gathers them), and any step that
 needs the ids on the host (a prefill chunk, a recompute) lands the tokens first."""
