@@ -11,7 +11,8 @@ the server only imports, and checks both before every fork. Where it cannot (no 
 import started, a preload that fails), the runner falls back to a fresh interpreter per round and says so.
 
 Protocol (JSON lines on the server's stdin/stdout):
-    server -> {"ready": true, "unsafe": null | why, "import_s": S}      once, after the imports
+    server -> {"ready": true, "unsafe": null | why, "import_s": S,      once, after the imports
+               "preloaded": [the optional modules it imported]}
     runner -> {"module": M, "argv": [...], "log": path, "env": {...}}     one round: M.main(argv), as python -m M
     server -> {"pid": P} | {"unsafe": why}                                the child started, or fork refused
     server -> {"pid": P, "returncode": RC}                                the child ended (RC < 0: its signal)
@@ -52,15 +53,28 @@ def _native_threads() -> int:
         return threading.active_count()
 
 
-def _preload() -> str | None:
+def _preload(imported: list[str]) -> str | None:
+    """Import what every round would: PRELOAD, then what building a preset's model imports from transformers
+    (2-3 s a round otherwise) and the served stacks' `fork_preload`, appending those to `imported`. A module
+    this install lacks is left to the round (it imports it, or says why it cannot)."""
     import importlib
 
-    extra = [m for m in os.environ.get(PRELOAD_ENV, "").split(",") if m]
-    for name in (*PRELOAD, *extra):
+    for name in PRELOAD:
         try:
             importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - the worker itself will say why the stack cannot import
             return f"importing {name} in the fork server failed: {type(e).__name__}: {e}"
+    from .models import transformers_modules
+
+    extra = [m for m in os.environ.get(PRELOAD_ENV, "").split(",") if m]
+    for name in (*transformers_modules(), *extra):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+        except Exception as e:  # noqa: BLE001
+            return f"importing {name} in the fork server failed: {type(e).__name__}: {e}"
+        imported.append(name)
     gc.collect()
     gc.freeze()  # the imported objects stay out of the children's GC passes (and their pages stay shared)
     return None
@@ -76,8 +90,10 @@ def serve(requests=sys.stdin, replies=None) -> int:
     replies = replies or os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # a stray print from an import or a child must not corrupt the protocol
     t0 = time.perf_counter()
-    unsafe = _preload() or unsafe_reason()
-    _send(replies, {"ready": True, "unsafe": unsafe, "import_s": round(time.perf_counter() - t0, 3)})
+    imported: list[str] = []
+    unsafe = _preload(imported) or unsafe_reason()
+    _send(replies, {"ready": True, "unsafe": unsafe, "import_s": round(time.perf_counter() - t0, 3),
+                    "preloaded": imported})
     for line in requests:
         request = json.loads(line)
         unsafe = unsafe or unsafe_reason()
@@ -168,6 +184,7 @@ class ForkServer:
             self.close()
             raise Unavailable(ready["unsafe"])
         self.import_s = ready["import_s"]
+        self.preloaded = ready.get("preloaded", [])
 
     def run(self, module: str, argv: list[str], env: dict, log: str, timeout_s: float | None) -> tuple[int, bool]:
         """One round of `python -m MODULE ARGV` (MODULE.main(argv): harness.worker) in a forked child writing its

@@ -17,6 +17,27 @@ def torch_dtype(workload, device):
     return getattr(torch, DTYPES[name])
 
 
+def transformers_modules() -> tuple[str, ...]:
+    """The transformers modules that building and running a preset's model imports: the fork server imports
+    them once (harness/forkserver.py), instead of every round paying 2-3 s for them."""
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    from .presets import PRESETS
+
+    names = sorted({model_type_to_module_name(t) for p in PRESETS.values() for t in _model_types(p.config)})
+    return ("transformers.modeling_utils", "transformers.generation.utils", "transformers.models.auto.modeling_auto",
+            *(f"transformers.models.{n}.modeling_{n}" for n in names))
+
+
+def _model_types(config: dict) -> set[str]:
+    """model_type of a config and of its sub-configs (a vision-language model's text and vision towers)."""
+    found = {config["model_type"]} if "model_type" in config else set()
+    for value in config.values():
+        if isinstance(value, dict):
+            found |= _model_types(value)
+    return found
+
+
 def hf_config(workload):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: nothing here may reach a hub
     from transformers import AutoConfig

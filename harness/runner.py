@@ -181,7 +181,7 @@ def _start_worker(cmd: list[str], stack: str, env: dict, log: str, s: Settings) 
     why = _fork_refused(python, s)
     if why is None:
         try:
-            server = _fork_server(python, env, stack)
+            server = _fork_server(python, env, s.rootdir)
             returncode, timed_out = server.run(module, argv, env, log, s.timeout_s)
             return returncode, timed_out, "forked from a fork server that imported torch and transformers once"
         except forkserver.Unavailable as e:
@@ -215,23 +215,31 @@ def _fork_refused(python: str, s: Settings) -> str | None:
     return _FORK_REFUSED.get(python)
 
 
-def _fork_server(python: str, env: dict, stack: str) -> forkserver.ForkServer:
+def _fork_server(python: str, env: dict, rootdir: str) -> forkserver.ForkServer:
     """The server of this interpreter, started on first use; restarted when the environment it imported under
     changed (a variable read at import, like OMP_NUM_THREADS, would otherwise keep the old value). It also
-    imports the modules the first stack it serves names in `fork_preload` (vllm)."""
+    imports the `fork_preload` modules of every stack whose rounds run in this interpreter."""
     server = _SERVERS.get(python)
     if server is not None and (not server.alive() or _env_key(server.env) != _env_key(env)):
         _SERVERS.pop(python).close()
         server = None
     if server is None:
-        from . import stacks
-
-        try:
-            preload = stacks.load(stack).fork_preload
-        except Exception:  # noqa: BLE001 - a stack that cannot load says why from inside its worker
-            preload = ()
-        server = _SERVERS[python] = forkserver.ForkServer(python, {**env, forkserver.PRELOAD_ENV: ",".join(preload)})
+        preload = ",".join(_fork_preload(python, rootdir))
+        server = _SERVERS[python] = forkserver.ForkServer(python, {**env, forkserver.PRELOAD_ENV: preload})
     return server
+
+
+def _fork_preload(python: str, rootdir: str) -> list[str]:
+    modules: list[str] = []
+    for name in sorted(stacks.names()):
+        try:
+            cls = stacks.load(name)
+            if (cls.worker_python(rootdir) or sys.executable) != python:
+                continue
+        except Exception:  # noqa: BLE001 - a stack that cannot load says why from inside its worker
+            continue
+        modules += [m for m in cls.fork_preload if m not in modules]
+    return modules
 
 
 def _env_key(env: dict) -> dict:

@@ -13,7 +13,7 @@ harness calls nothing that is not declared in this file.
     weights_bytes(), workspace_bytes() for the analytic floors reported beside the peaks
     close()                            drop the model; the harness then collects garbage and stops measuring
 
-Class attributes: `name`, `attentions`, `fork_preload`, `rank_processes`. Helpers a stack uses to report the
+Class attributes: `name`, `attentions`, `fork_preload`, `rank_processes`, `warmup_moves_memory`. Helpers a stack uses to report the
 metrics every stack reports the same way: `time_metrics` (tokens_per_s, ttft, tpot; harness/stacks/time_metrics.py)
 and `distinct_pages` (kv.page_footprint; harness/stacks/pages.py). Device checks: `harness.devices.is_cuda`.
 """
@@ -53,6 +53,9 @@ class Stack(ABC):
     # its model over the torch.distributed group they join (harness/rank_workers.py). False: one worker, and
     # the stack runs its own tensor parallelism (vllm).
     rank_processes: bool = False
+    # False: warmup() only moves time (the hf stack's runs the workload once, so its memory is the run's); the
+    # memory round (host heap, CPU tensors), which reports no time, then skips it.
+    warmup_moves_memory: bool = True
 
     def __init__(self, workload, device):
         self.workload, self.device = workload, device

@@ -120,13 +120,15 @@ def _fake_stack(calls: list, clock: Clock, with_warmup: bool):
     return FakeStack
 
 
-def _measure_fake(tmp_path, monkeypatch, with_warmup: bool):
+def _measure_fake(tmp_path, monkeypatch, with_warmup: bool, options=None, warmup_moves_memory=True):
     calls, clock = [], Clock()
-    monkeypatch.setattr(stacks, "load", lambda name: _fake_stack(calls, clock, with_warmup))
+    stack = _fake_stack(calls, clock, with_warmup)
+    stack.warmup_moves_memory = warmup_moves_memory
+    monkeypatch.setattr(stacks, "load", lambda name: stack)
     monkeypatch.setattr(time, "perf_counter", clock)
     run_started = Collectors.run_started
     monkeypatch.setattr(Collectors, "run_started", lambda self: (calls.append("run_started"), run_started(self)))
-    m = measure(make_workload(tmp_path), "fake", torch.device("cpu"), CollectorOptions(python_heap=False))
+    m = measure(make_workload(tmp_path), "fake", torch.device("cpu"), options or CollectorOptions(python_heap=False))
     return m, calls
 
 
@@ -144,6 +146,18 @@ def test_a_stack_without_warmup_reports_time_warmup_null(tmp_path, monkeypatch):
     assert calls == ["prepare", "run_started", "run"]
     assert m.metrics["time.warmup"].value is None and "fake stack has no warm-up" in m.metrics["time.warmup"].reason
     assert m.metrics["time.wall"].value == 2.0
+
+
+def test_a_warmup_that_only_moves_time_runs_in_the_timed_round_and_not_in_the_memory_round(tmp_path, monkeypatch):
+    timed = CollectorOptions(python_heap=False, cpu_tensors=False)
+    m, calls = _measure_fake(tmp_path, monkeypatch, with_warmup=True, options=timed, warmup_moves_memory=False)
+    assert calls == ["prepare", "warmup", "run_started", "run"] and m.metrics["time.warmup"].value == 5.0
+    m, calls = _measure_fake(tmp_path, monkeypatch, with_warmup=True, options=CollectorOptions(),
+                             warmup_moves_memory=False)
+    assert calls == ["prepare", "run_started", "run"], "the memory round ran a warm-up that only moves time"
+    assert m.metrics["cpu.heap_alloc.peak"].detail.endswith("without the stack's warm-up (it only moves time)")
+    m, calls = _measure_fake(tmp_path, monkeypatch, with_warmup=True, options=CollectorOptions())
+    assert calls == ["prepare", "warmup", "run_started", "run"]  # a warm-up that moves memory runs in both
 
 
 def test_the_timed_rounds_run_without_the_memory_rounds_collectors(tmp_path):

@@ -96,3 +96,21 @@ def test_a_timeout_kills_the_child_and_what_it_started(served):
 def test_a_server_with_threads_refuses_to_fork(tmp_path):
     with pytest.raises(Unavailable, match="threads after its imports"):
         ForkServer(sys.executable, _env(tmp_path, "threaded"))
+
+
+def test_the_server_of_this_interpreter_preloads_every_stack_it_serves_and_can_still_fork(tmp_path):
+    """The runner's preload (the presets' transformers modules, the paged engine and its Triton kernels) must
+    leave the server single-threaded, or every round would fall back to a fresh interpreter."""
+    from harness.runner import _fork_preload
+    from harness.stacks.paged import PagedStack
+
+    preload = _fork_preload(sys.executable, ".")
+    assert set(PagedStack.fork_preload) <= set(preload)
+    server = ForkServer(sys.executable, _env(tmp_path, ",".join([*preload, "probe"])))
+    try:
+        out, log = tmp_path / "round.json", tmp_path / "round.log"
+        log.write_text("")
+        assert server.run("probe", [str(out), "ok"], server.env, str(log), None) == (3, False)
+        assert {"transformers.modeling_utils", "kernels.decode"} <= set(server.preloaded)
+    finally:
+        server.close()

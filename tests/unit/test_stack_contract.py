@@ -22,8 +22,8 @@ def test_a_stack_must_implement_prepare_and_run_and_gets_every_other_hook_by_def
             return stacks.RunResult([])
 
     stack = Minimal(None, torch.device("cpu"))
-    assert (stack.weights_bytes(), stack.workspace_bytes(), stack.rank_processes, stack.fork_preload) == \
-        (None, None, False, ())
+    assert (stack.weights_bytes(), stack.workspace_bytes(), stack.rank_processes, stack.fork_preload,
+            stack.warmup_moves_memory) == (None, None, False, (), True)
     assert not Minimal.has_warmup() and Minimal.worker_python(".") is None
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 
+from kernels import TRITON_MODULES
+
 from ...devices import is_cuda
 from ...errors import StackUnavailable
 from ..base import RunResult, Stack
@@ -13,6 +15,9 @@ from ..time_metrics import time_metrics
 class PagedStack(Stack):
     name = "paged"
     rank_processes = True  # one worker per rank at tensor_parallel > 1; tensor_parallel.py shards the model
+    # What a round imports (the engine; on a GPU, the Triton kernels): the fork server imports them once.
+    fork_preload = ("triton", *(f"kernels.{m}" for m in TRITON_MODULES), "harness.stacks.paged.engine",
+                    "harness.stacks.paged.model", "harness.stacks.paged.vision")
 
     @classmethod
     def check(cls, workload, device) -> None:

@@ -1,0 +1,145 @@
+"""The full profile of the three suites on one GPU, one `pytest --memcheck` per suite, each with its own report
+(merged later with `memcheck merge`): the run that records a GPU runner's baselines, and the run that checks
+them. Prints, last, each item's verdict, where its time went and its headline numbers.
+
+    PYTHONPATH=. python benchmarks/suites_h200.py OUT --run run1 --update [--suites vl,v2,r1] [--budget-s 560]
+    PYTHONPATH=. python benchmarks/suites_h200.py OUT --run run2 [--suites ...]
+    python benchmarks/suites_h200.py --compare RUN1.json RUN2.json     # memory metrics run to run (no GPU)
+
+A suite starts only if its estimated time (ESTIMATE_S, or --estimates) fits in what is left of --budget-s, so
+one call stays under the device's 10-minute limit; the suites left out are named, to run in the next call.
+The two-GPU items (`-tp2`) are left out: they need a machine of two GPUs (benchmarks/tp_h200x2.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+SUITES = {"vl": "suites/deepseek_vl_mixed.yaml", "v2": "suites/v2_moe.yaml", "r1": "suites/r1_long_context.yaml"}
+ESTIMATE_S = {"vl": 90, "v2": 150, "r1": 330}  # one pytest per suite on an H200, set-up included
+SELECT = "not tp2"
+# Memory metrics that must repeat run to run (issue 13: within 0.5%); time metrics are compared through rounds.
+MEMORY = ("gpu.heap_alloc.peak", "gpu.heap_alloc.end", "gpu.reserved.peak", "gpu.device_used.peak",
+          "gpu.fragmentation.peak", "kv.bytes.peak", "kv.live_bytes.peak", "kv.waste.peak", "kv.page_footprint",
+          "host.rss.peak", "host.heap_alloc.peak")
+
+
+def run_suite(out: str, tag: str, key: str, update: bool, baselines: str | None, profile: str) -> dict | None:
+    """One suite through pytest --memcheck; its JSON report, or None if it wrote none."""
+    os.makedirs(os.path.join(out, tag), exist_ok=True)
+    report = os.path.join(out, tag, f"{key}.json")
+    cmd = [sys.executable, "-m", "pytest", *_plugin(), "-p", "no:cacheprovider", "-q", "--memcheck",
+           SUITES[key], "-k", SELECT, "--memcheck-profile", profile, "--memcheck-report", report,
+           "--memcheck-markdown", os.path.join(out, tag, f"{key}.md"), "--memcheck-durations", "0"]
+    if baselines:
+        cmd += ["--memcheck-baselines", baselines]
+    if update:
+        cmd.append("--memcheck-update-baselines")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    t0 = time.time()
+    with open(os.path.join(out, tag, f"{key}.log"), "w") as log:
+        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    print(f"[{tag} {key}] pytest exit {code} in {time.time() - t0:.1f} s", flush=True)
+    if not os.path.exists(report):
+        return None
+    with open(report) as f:
+        return json.load(f)
+
+
+def _plugin() -> list[str]:
+    """`-p harness.plugin` where memcheck is not installed (a checkout on a GPU machine); installed, pytest loads it."""
+    from importlib.metadata import entry_points
+
+    installed = any(ep.value == "harness.plugin" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "harness.plugin"]
+
+
+def summary(reports: dict[str, dict]) -> list[tuple]:
+    from harness import units
+
+    rows = [("item", "verdict", "worker s", "timed s", "memory round s", "gpu.heap_alloc.peak", "above weights",
+             "kv floor", "tokens/s", "how started")]
+    for report in reports.values():
+        for item in report["items"]:
+            m, ph = item["metrics"], item.get("phases") or {}
+            peak, weights = (m.get("gpu.heap_alloc.peak") or {}).get("value"), (item.get("floors") or {}).get("weights")
+            started = next((n.split(": ", 1)[1][:40] for n in item.get("notes", []) if n.startswith("worker process")), "")
+            rows.append((item["id"], item["verdict"], f"{sum(ph.values()):.1f}",
+                         f"{sum(v for k, v in ph.items() if k != 'memory_round'):.1f}",
+                         f"{ph.get('memory_round', 0):.1f}", units.format_bytes(peak),
+                         units.format_bytes(peak - weights) if peak is not None and weights else "-",
+                         units.format_bytes((item.get("floors") or {}).get("kv")),
+                         f"{(m.get('tokens_per_s') or {}).get('value') or 0:.0f}", started))
+    return rows
+
+
+def repeat_rows(first: dict, second: dict) -> tuple[list[tuple], float]:
+    """Each memory metric of both runs and their difference; the largest difference of a gpu.* / kv.* metric."""
+    from harness import units
+    from harness.metrics.catalog import METRICS
+
+    rows, worst = [("item", "metric", "run 1", "run 2", "diff")], 0.0
+    before = {item["id"]: item for item in first["items"]}
+    for b in second["items"]:
+        a = before.get(b["id"])
+        if a is None or b["verdict"] in ("skipped", "error"):
+            continue
+        for name in MEMORY:
+            va, vb = (a["metrics"].get(name) or {}).get("value"), (b["metrics"].get(name) or {}).get("value")
+            if va is None or vb is None:
+                continue
+            diff = (vb - va) / va if va else (0.0 if vb == va else float("inf"))
+            if name.startswith(("gpu.", "kv.")):
+                worst = max(worst, abs(diff))
+            rows.append((b["id"], name, units.format_value(va, METRICS[name].unit),
+                         units.format_value(vb, METRICS[name].unit), units.format_percent(diff)))
+    return rows, worst
+
+
+def table(rows: list[tuple]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", nargs="?")
+    p.add_argument("--run", default="run1", help="the run's name: its reports go to OUT/RUN/")
+    p.add_argument("--update", action="store_true", help="record the baselines (--memcheck-update-baselines)")
+    p.add_argument("--suites", default="vl,v2,r1", help=f"of {','.join(SUITES)}, in this order")
+    p.add_argument("--budget-s", type=float, default=560.0)
+    p.add_argument("--estimates", default="", help="KEY=S,... to replace ESTIMATE_S (a previous call's times)")
+    p.add_argument("--profile", default="full", help="the suites' profile (ci: a check of this script on a CPU)")
+    p.add_argument("--baselines", default=None, help="the baselines folder (default: the project's)")
+    p.add_argument("--compare", nargs=2, metavar="REPORT.json")
+    args = p.parse_args()
+    if args.compare:
+        first, second = (json.load(open(path)) for path in args.compare)
+        rows, worst = repeat_rows(first, second)
+        print(table(rows))
+        print(f"largest run-to-run difference of a gpu.*/kv.* metric: {worst * 100:.3f}%")
+        return 0
+    estimates = {**ESTIMATE_S, **{k: float(v) for k, v in (e.split("=") for e in args.estimates.split(",") if e)}}
+    t0, reports, left_out = time.time(), {}, []
+    for key in args.suites.split(","):
+        left = args.budget_s - (time.time() - t0)
+        if estimates[key] > left:
+            left_out.append(key)
+            print(f"[{args.run} {key}] not started: estimated {estimates[key]:.0f} s, {left:.0f} s left", flush=True)
+            continue
+        report = run_suite(args.out, args.run, key, args.update, args.baselines, args.profile)
+        if report is not None:
+            reports[key] = report
+    print(f"\n{args.run}: {', '.join(reports) or 'no suite'} in {time.time() - t0:.1f} s"
+          + (f"; not run: {','.join(left_out)}" if left_out else ""))
+    if reports:
+        print(table(summary(reports)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
