@@ -29,6 +29,10 @@ import time
 PRELOAD = ("torch", "transformers", "harness.worker", "harness.measure_round", "harness.stacks")
 PRELOAD_ENV = "MEMCHECK_FORK_PRELOAD"  # extra modules, comma-separated: the stack's `fork_preload` (vllm)
 RESET_PEAK = "/proc/self/clear_refs"  # writing "5" resets VmHWM to the current RSS (Linux >= 4.0)
+# Threads that do not make a fork unsound: jemalloc's background purger (pyarrow's bundled jemalloc starts it when
+# transformers' generation utils import scikit-learn, pandas and pyarrow, as on the H200 image). jemalloc takes its
+# locks in a pthread_atfork handler and the child runs without the thread (Redis forks under it for its snapshots).
+FORK_SAFE_THREADS = ("jemalloc_bg_thd",)
 
 
 def unsafe_reason() -> str | None:
@@ -38,19 +42,31 @@ def unsafe_reason() -> str | None:
     if not os.access(RESET_PEAK, os.W_OK):
         return f"{RESET_PEAK} is not writable: a forked child's RSS peak could not be made its own"
     threads = _native_threads()
-    if threads != 1:
-        return f"the fork server runs {threads} threads after its imports: forking it is not safe"
+    if len(threads) != 1:
+        return (f"the fork server runs {len(threads)} threads after its imports ({', '.join(threads)}): "
+                "forking it is not safe")
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA was initialised in the fork server"
     return None
 
 
-def _native_threads() -> int:
+def _native_threads() -> list[str]:
+    """Names of this process's threads, but those in FORK_SAFE_THREADS."""
     try:
-        return len(os.listdir("/proc/self/task"))
+        tasks = os.listdir("/proc/self/task")
     except OSError:
-        return threading.active_count()
+        return [t.name for t in threading.enumerate()]
+    names = []
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name not in FORK_SAFE_THREADS:
+            names.append(name)
+    return names
 
 
 def _preload(imported: list[str]) -> str | None:

@@ -34,12 +34,22 @@ def main(argv):
     return 3
 """
 THREADED = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+# A thread that names itself as jemalloc's background purger does (pyarrow's jemalloc, on the H200 image).
+PURGER = """
+import ctypes, threading, time
+def purge():
+    ctypes.CDLL(None).prctl(15, b"jemalloc_bg_thd")  # PR_SET_NAME
+    time.sleep(60)
+threading.Thread(target=purge, daemon=True).start()
+time.sleep(0.2)
+"""
 
 
 def _env(tmp_path, preload):
     (tmp_path / "bigimport.py").write_text(BIG_IMPORT)
     (tmp_path / "probe.py").write_text(PROBE)
     (tmp_path / "threaded.py").write_text(THREADED)
+    (tmp_path / "purger.py").write_text(PURGER)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root]), "MEMCHECK_FORK_PRELOAD": preload}
 
@@ -96,6 +106,16 @@ def test_a_timeout_kills_the_child_and_what_it_started(served):
 def test_a_server_with_threads_refuses_to_fork(tmp_path):
     with pytest.raises(Unavailable, match="threads after its imports"):
         ForkServer(sys.executable, _env(tmp_path, "threaded"))
+
+
+def test_jemallocs_background_thread_does_not_stop_the_server_forking(tmp_path):
+    server = ForkServer(sys.executable, _env(tmp_path, "purger,probe"))
+    try:
+        out, log = tmp_path / "round.json", tmp_path / "round.log"
+        log.write_text("")
+        assert server.run("probe", [str(out), "ok"], server.env, str(log), None) == (3, False)
+    finally:
+        server.close()
 
 
 def test_the_server_of_this_interpreter_preloads_every_stack_it_serves_and_can_still_fork(tmp_path):
