@@ -1,13 +1,13 @@
-"""The full profile of the three suites on one GPU, one `pytest --memcheck` per suite, each with its own report
-(merged later with `memcheck merge`): the run that records a GPU runner's baselines, and the run that checks
-them. Prints, last, each item's verdict, where its time went and its headline numbers.
+"""The full profile of the three suites on one GPU, one `pytest --memcheck` per suite (or part of one), each with
+its own report, merged into OUT/RUN/merged.json by `memcheck merge`: the run that records a GPU runner's
+baselines, and the run that checks them. Prints, last, each item's verdict, where its time went and its numbers.
 
-    PYTHONPATH=. python benchmarks/suites_h200.py OUT --run run1 --update [--suites vl,v2,r1] [--budget-s 560]
-    PYTHONPATH=. python benchmarks/suites_h200.py OUT --run run2 [--suites ...]
-    python benchmarks/suites_h200.py --compare RUN1.json RUN2.json     # memory metrics run to run (no GPU)
+    PYTHONPATH=. python benchmarks/suites_h200.py OUT --run run1 --update [--suites vl,v2,r1-long,r1-batch]
+    PYTHONPATH=. python benchmarks/suites_h200.py OUT --run run2 [--suites ...] [--budget-s 560]
+    python benchmarks/suites_h200.py --compare RUN1 RUN2    # memory metrics run to run: reports or folders (no GPU)
 
-A suite starts only if its estimated time (ESTIMATE_S, or --estimates) fits in what is left of --budget-s, so
-one call stays under the device's 10-minute limit; the suites left out are named, to run in the next call.
+A part starts only if its estimated time (ESTIMATE_S, or --estimates) fits in what is left of --budget-s, so
+one call stays under the device's 10-minute limit; the parts left out are named, to run in the next call.
 The two-GPU items (`-tp2`) are left out: they need a machine of two GPUs (benchmarks/tp_h200x2.py).
 """
 from __future__ import annotations
@@ -19,21 +19,24 @@ import subprocess
 import sys
 import time
 
-SUITES = {"vl": "suites/deepseek_vl_mixed.yaml", "v2": "suites/v2_moe.yaml", "r1": "suites/r1_long_context.yaml"}
-ESTIMATE_S = {"vl": 90, "v2": 150, "r1": 330}  # one pytest per suite on an H200, set-up included
-SELECT = "not tp2"
+# One pytest each: a suite, or a part of one (the R1 suite takes 9.6 min, near one call's 10-minute limit).
+R1 = "suites/r1_long_context.yaml"
+PARTS = {"vl": ("suites/deepseek_vl_mixed.yaml", "not tp2"), "v2": ("suites/v2_moe.yaml", "not tp2"),
+         "r1-long": (R1, "(r1-32k or r1-64k or r1-128k) and not tp2"), "r1-batch": (R1, "r1-32x2k or r1-staggered")}
+# Seconds on an H200 with the fork server (2026-12-01 run 1: r1-long 356 s, r1-batch 208 s, vl 148 s; v2 a guess).
+ESTIMATE_S = {"vl": 160, "v2": 240, "r1-long": 380, "r1-batch": 230}
 # Memory metrics that must repeat run to run (issue 13: within 0.5%); time metrics are compared through rounds.
 MEMORY = ("gpu.heap_alloc.peak", "gpu.heap_alloc.end", "gpu.reserved.peak", "gpu.device_used.peak",
           "gpu.fragmentation.peak", "kv.bytes.peak", "kv.live_bytes.peak", "kv.waste.peak", "kv.page_footprint",
           "host.rss.peak", "host.heap_alloc.peak")
 
 
-def run_suite(out: str, tag: str, key: str, update: bool, baselines: str | None, profile: str) -> dict | None:
-    """One suite through pytest --memcheck; its JSON report, or None if it wrote none."""
+def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, profile: str) -> dict | None:
+    """One suite (or part) through pytest --memcheck; its JSON report, or None if it wrote none."""
     os.makedirs(os.path.join(out, tag), exist_ok=True)
     report = os.path.join(out, tag, f"{key}.json")
     cmd = [sys.executable, "-m", "pytest", *_plugin(), "-p", "no:cacheprovider", "-q", "--memcheck",
-           SUITES[key], "-k", SELECT, "--memcheck-profile", profile, "--memcheck-report", report,
+           PARTS[key][0], "-k", PARTS[key][1], "--memcheck-profile", profile, "--memcheck-report", report,
            "--memcheck-markdown", os.path.join(out, tag, f"{key}.md"), "--memcheck-durations", "0"]
     if baselines:
         cmd += ["--memcheck-baselines", baselines]
@@ -100,6 +103,17 @@ def repeat_rows(first: dict, second: dict) -> tuple[list[tuple], float]:
     return rows, worst
 
 
+def _items(path: str) -> dict:
+    """A report's items, or those of every report in a folder (merged.json left out)."""
+    files = ([os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith(".json") and f != "merged.json"]
+             if os.path.isdir(path) else [path])
+    items = []
+    for name in files:
+        with open(name) as f:
+            items += json.load(f)["items"]
+    return {"items": items}
+
+
 def table(rows: list[tuple]) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows)
@@ -110,7 +124,7 @@ def main() -> int:
     p.add_argument("out", nargs="?")
     p.add_argument("--run", default="run1", help="the run's name: its reports go to OUT/RUN/")
     p.add_argument("--update", action="store_true", help="record the baselines (--memcheck-update-baselines)")
-    p.add_argument("--suites", default="vl,v2,r1", help=f"of {','.join(SUITES)}, in this order")
+    p.add_argument("--suites", default="vl,v2,r1-long,r1-batch", help=f"of {','.join(PARTS)}, in this order")
     p.add_argument("--budget-s", type=float, default=560.0)
     p.add_argument("--estimates", default="", help="KEY=S,... to replace ESTIMATE_S (a previous call's times)")
     p.add_argument("--profile", default="full", help="the suites' profile (ci: a check of this script on a CPU)")
@@ -118,7 +132,7 @@ def main() -> int:
     p.add_argument("--compare", nargs=2, metavar="REPORT.json")
     args = p.parse_args()
     if args.compare:
-        first, second = (json.load(open(path)) for path in args.compare)
+        first, second = (_items(path) for path in args.compare)
         rows, worst = repeat_rows(first, second)
         print(table(rows))
         print(f"largest run-to-run difference of a gpu.*/kv.* metric: {worst * 100:.3f}%")
@@ -131,9 +145,15 @@ def main() -> int:
             left_out.append(key)
             print(f"[{args.run} {key}] not started: estimated {estimates[key]:.0f} s, {left:.0f} s left", flush=True)
             continue
-        report = run_suite(args.out, args.run, key, args.update, args.baselines, args.profile)
+        report = run_part(args.out, args.run, key, args.update, args.baselines, args.profile)
         if report is not None:
             reports[key] = report
+    if reports:  # this call's reports and any an earlier call of the same run left in OUT/RUN
+        from harness import cli
+
+        cli.main(["merge", "-o", os.path.join(args.out, args.run, "merged.json"),
+                  *(os.path.join(args.out, args.run, f"{key}.json") for key in PARTS
+                    if os.path.exists(os.path.join(args.out, args.run, f"{key}.json")))])
     print(f"\n{args.run}: {', '.join(reports) or 'no suite'} in {time.time() - t0:.1f} s"
           + (f"; not run: {','.join(left_out)}" if left_out else ""))
     if reports:
