@@ -131,3 +131,29 @@ def test_gpu_jobs_set_up_the_cuda_stacks():
     cpu = [ci["tests"]["script"][0], ci["memcheck-cpu"]["script"][0],
            next(step["run"] for step in github[0]["jobs"]["cpu"]["steps"] if "run" in step)]
     assert cpu == ["scripts/setup"] * 3
+
+
+def _gpu_parts() -> tuple[dict, dict]:
+    """{part: (suites, -k)} of the GPU job's matrix, in .gitlab-ci.yml and in the GitHub workflow."""
+    gitlab = {e["PART"]: (e["SUITES"], e.get("SELECT", ""))
+              for e in yaml.safe_load(GITLAB.read_text())["memcheck-gpu"]["parallel"]["matrix"]}
+    github = {e["part"]: (e["suites"], e["select"]) for e in
+              _load(ROOT / ".github" / "workflows" / "memcheck.yml")["jobs"]["gpu"]["strategy"]["matrix"]["include"]}
+    return gitlab, github
+
+
+def _collected(*args: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--memcheck", "--collect-only", "-q",
+                          *args], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return [line for line in out.stdout.splitlines() if "::" in line]
+
+
+def test_the_gpu_jobs_parts_run_every_suite_item_once():
+    """The GPU job is split into parts of under ~10 minutes each: together they must run each item of suites/
+    exactly once, today and when an item or a suite file is added."""
+    gitlab, github = _gpu_parts()
+    assert gitlab == github
+    items = [item for suites, select in gitlab.values() for item in _collected(*suites.split(), "-k", select)]
+    assert len(items) == len(set(items)), "an item runs in two parts"
+    assert sorted(items) == sorted(_collected("suites"))
