@@ -39,16 +39,20 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
     stack.attention = attention
     collectors = Collectors(device, options)
     result = warmup = None
-    skip_warmup = False
     collectors.start()
     t0 = time.perf_counter()
     try:
         stack.prepare()
         m.phases["build"] = round(time.perf_counter() - t0, 3)
         t0 = time.perf_counter()
-        skip_warmup = not stack.warmup_moves_memory and _memory_round(options) and stack.has_warmup()
-        if not skip_warmup:
-            warmup = _warm_up(stack)
+        heap_in_warmup = collectors.options.heap_in_warmup and not stack.warmup_moves_memory and stack.has_warmup()
+        if heap_in_warmup:
+            collectors.host.trace_warmup()
+        warmup = _warm_up(stack)
+        if heap_in_warmup:
+            collectors.host.warmup_traced()
+            warmup = MetricValue.null("the warm-up ran under tracemalloc to measure host.heap_alloc.peak: "
+                                      "its time is not the stack's")
         m.phases["warmup"] = round(time.perf_counter() - t0, 3)
         collectors.run_started()
         t0 = time.perf_counter()
@@ -68,10 +72,6 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
         del stack
         gc.collect()
         m.metrics = collectors.stop()
-        if skip_warmup:
-            for value in m.metrics.values():
-                if value.value is not None:
-                    value.detail = ", ".join(filter(None, [value.detail, "without the stack's warm-up (it only moves time)"]))
         m.phases["teardown"] = round(time.perf_counter() - t0, 3)  # close, collectors (the CPU profiler's events)
     m.timeline = collectors.timeline
     if result is not None:
@@ -96,12 +96,6 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
     if workspace is not None:
         m.floors["workspace"] = workspace  # the stack's declared activation workspace, beside the floors
     return m
-
-
-def _memory_round(options: CollectorOptions | None) -> bool:
-    """A round that runs tracemalloc or the CPU allocator's events: it measures memory, not time."""
-    options = options or CollectorOptions()
-    return options.python_heap or options.cpu_tensors
 
 
 def _warm_up(stack) -> MetricValue:

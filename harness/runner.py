@@ -19,6 +19,7 @@ from . import forkserver, rank_workers, stacks
 from .baselines import BaselineStore
 from .errors import StackUnavailable, UsageError
 from .measurement import Measurement
+from .metrics.collect import SWITCHED_OFF
 from .metrics.value import MetricValue
 from .states import ErrorKind, ItemError, Verdict
 from .verdict import ItemResult, judge
@@ -59,7 +60,7 @@ def measure_item(workload, stack: str, settings: Settings) -> Measurement:
                          for name in first.metrics}
         first.rounds = len(rounds)
         first.phases = {k: round(sum(r.phases.get(k, 0.0) for r in rounds), 3) for k in first.phases}
-    if not failed and (settings.python_heap or settings.cpu_tensors):
+    if not failed and _left_to_memory_round(first, settings):
         t0 = time.perf_counter()
         memory_round(workload, stack, settings, first)
         first.phases["memory_round"] = round(time.perf_counter() - t0, 3)  # a whole round of its own
@@ -101,14 +102,21 @@ def _attention_missing(workload, stack: str, device: str) -> str | None:
 MEMORY_ROUND = ("host.heap_alloc.peak", "cpu.heap_alloc.peak")
 
 
+def _left_to_memory_round(timed: Measurement, s: Settings) -> list[str]:
+    """The memory-round metrics asked for that the timed round switched off (on a GPU, cpu.heap_alloc.peak is
+    not measured at all; hf traces the host heap through its warm-up there, so the timed round has it)."""
+    wanted = [n for n, on in zip(MEMORY_ROUND, (s.python_heap, s.cpu_tensors)) if on]
+    return [n for n in wanted if n not in timed.metrics or timed.metrics[n].reason == SWITCHED_OFF[n]]
+
+
 def memory_round(workload, stack: str, settings: Settings, timed: Measurement) -> None:
     """host.heap_alloc.peak and cpu.heap_alloc.peak from a round of their own, into the timed measurement (and
     its ranks, for a tensor-parallel item): tracemalloc traces every Python allocation (the paged stack decoded
     3x slower under it on an H200) and the CPU allocator's memory events cost 5-12% of an allocation-heavy CPU
     run, so the timed rounds run without either and this round, the same workload in a fresh worker, runs with
     them (neither moves the other's bytes)."""
+    wanted = _left_to_memory_round(timed, settings)
     m = _measure_in_worker(workload, stack, settings, memory_round=True)
-    wanted = [n for n, on in zip(MEMORY_ROUND, (settings.python_heap, settings.cpu_tensors)) if on]
     if m.error or m.skipped:
         why = f"the memory round failed: {m.error.message if m.error else m.skipped}"[:500]
         timed.metrics.update({name: MetricValue.null(why) for name in wanted})
@@ -131,6 +139,8 @@ def _worker_command(workload, stack: str, s: Settings, out: str, memory_round: b
         cmd += ["--profile", workload.profile]
     if not (memory_round and s.python_heap):  # tracemalloc and the CPU allocator's events: the memory round only
         cmd.append("--no-python-heap")
+    if s.python_heap and not memory_round:  # ... or the warm-up, where it is the workload once (hf on a GPU)
+        cmd.append("--heap-in-warmup")
     if not (memory_round and s.cpu_tensors):
         cmd.append("--no-cpu-tensors")
     return cmd

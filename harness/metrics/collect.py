@@ -13,10 +13,15 @@ from dataclasses import dataclass
 from ..devices import is_cuda
 
 from .catalog import METRICS
-from .host import HostCollector, ResidentReader
+from .host import HEAP_OFF, HostCollector, ResidentReader
 from .value import MetricValue
 
 NO_GPU = "no CUDA device on this runner"
+
+
+CPU_TENSORS_OFF = "CPU tensor tracking switched off"
+# Null for these reasons in a timed round: measured in the memory round (harness/runner.py).
+SWITCHED_OFF = {"host.heap_alloc.peak": HEAP_OFF, "cpu.heap_alloc.peak": CPU_TENSORS_OFF}
 
 
 @dataclass
@@ -25,6 +30,9 @@ class CollectorOptions:
     cpu_tensors: bool = True  # the CPU allocator's memory events: cpu.heap_alloc.peak (CPU runners)
     sample_period_s: float = 0.01
     in_process: bool = False  # measuring a block inside a longer-lived process (the fixture)
+    # Trace the Python heap through the warm-up of a stack whose warm-up is the workload once (warmup_moves_memory
+    # False: hf on a GPU), so the timed round measures host.heap_alloc.peak and needs no memory round of its own.
+    heap_in_warmup: bool = False
 
 
 class Collectors:
@@ -90,7 +98,7 @@ class Collectors:
         if self.cpu_tensors:
             metrics.update(self.cpu_tensors.stop())
         elif not self.on_gpu:
-            metrics["cpu.heap_alloc.peak"] = MetricValue.null("CPU tensor tracking switched off")
+            metrics["cpu.heap_alloc.peak"] = MetricValue.null(CPU_TENSORS_OFF)
         else:
             metrics["cpu.heap_alloc.peak"] = MetricValue.null(
                 "measured on CPU runners only (the profiler would slow GPU runs)")

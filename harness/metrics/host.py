@@ -78,6 +78,9 @@ def peak_rss() -> tuple[int, str]:
             "getrusage ru_maxrss, file-backed pages included (no /proc on this runner)")
 
 
+HEAP_OFF = "Python heap tracing switched off (--memcheck-no-host-heap)"
+
+
 class HostCollector:
     """Start before the model is built, `run_started` before the stack runs, `stop` after it."""
 
@@ -90,6 +93,7 @@ class HostCollector:
         self._dtlb = self._dtlb_error = None
         self._faults_at_run = 0
         self._heap_peak: int | None = None
+        self._heap_detail = "tracemalloc, during the run"
 
     def _on_gc(self, phase, info):
         if phase == "start":
@@ -108,7 +112,7 @@ class HostCollector:
         self._faults_at_run = usage.ru_minflt + usage.ru_majflt
         self.gc_passes = 0
         gc.callbacks.append(self._on_gc)
-        if self.python_heap:
+        if self.python_heap and self._heap_peak is None:  # None: not traced through the warm-up already
             # Started here, not before the model is built: under tracemalloc, imports that the
             # build triggers run several times slower, and they are not the workload.
             tracemalloc.start(1)  # one frame: the smallest trace, the smallest overhead
@@ -121,6 +125,16 @@ class HostCollector:
         if tracemalloc.is_tracing():
             self._heap_peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
+
+    def trace_warmup(self) -> None:
+        """Trace the Python heap through the stack's warm-up instead of the run (its warm-up is the workload
+        once): the peak is the workload's, and the timed run that follows runs untraced."""
+        self.python_heap = True
+        self._heap_detail = "tracemalloc, during the warm-up (the workload once; the timed run runs untraced)"
+        tracemalloc.start(1)
+
+    def warmup_traced(self) -> None:
+        self.run_finished()
 
     def stop(self) -> dict[str, MetricValue]:
         if self._on_gc in gc.callbacks:
@@ -138,9 +152,9 @@ class HostCollector:
             "host.gc_collections": MetricValue(self.gc_passes),
         }
         if self.python_heap and self._heap_peak is not None:
-            out["host.heap_alloc.peak"] = MetricValue(self._heap_peak, detail="tracemalloc, during the run")
+            out["host.heap_alloc.peak"] = MetricValue(self._heap_peak, detail=self._heap_detail)
         else:
-            out["host.heap_alloc.peak"] = MetricValue.null("Python heap tracing switched off (--memcheck-no-host-heap)")
+            out["host.heap_alloc.peak"] = MetricValue.null(HEAP_OFF)
         if self._dtlb:
             out["host.dtlb_misses"] = MetricValue(self._dtlb.stop(), detail="perf dTLB-load-misses, user space")
             self._dtlb.close()

@@ -53,8 +53,8 @@ class Stack(ABC):
     # its model over the torch.distributed group they join (harness/rank_workers.py). False: one worker, and
     # the stack runs its own tensor parallelism (vllm).
     rank_processes: bool = False
-    # False: warmup() only moves time (the hf stack's runs the workload once, so its memory is the run's); the
-    # memory round (host heap, CPU tensors), which reports no time, then skips it.
+    # False: warmup() runs the workload once and only moves time (the hf stack's on a GPU): the harness then traces
+    # the Python heap through it (host.heap_alloc.peak), and the run after it, timed, needs no memory round.
     warmup_moves_memory: bool = True
 
     def __init__(self, workload, device):

@@ -23,7 +23,7 @@ from .time_metrics import time_metrics
 class HFStack(Stack):
     name = "hf"
     attentions = hf_attention.ATTENTIONS
-    warmup_moves_memory = False  # the warm-up is the workload once: the memory round skips it
+    warmup_moves_memory = False  # the warm-up is the workload once: the host heap is traced through it
 
     @classmethod
     def check(cls, workload, device) -> None:

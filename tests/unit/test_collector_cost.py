@@ -14,6 +14,7 @@ from harness import stacks
 from harness.measure_round import measure
 from harness.metrics import torch_cpu
 from harness.metrics.collect import CollectorOptions, Collectors
+from harness.metrics.host import HEAP_OFF
 from harness.metrics.value import MetricValue
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "paged"))
@@ -120,15 +121,13 @@ def _fake_stack(calls: list, clock: Clock, with_warmup: bool):
     return FakeStack
 
 
-def _measure_fake(tmp_path, monkeypatch, with_warmup: bool, options=None, warmup_moves_memory=True):
+def _measure_fake(tmp_path, monkeypatch, with_warmup: bool):
     calls, clock = [], Clock()
-    stack = _fake_stack(calls, clock, with_warmup)
-    stack.warmup_moves_memory = warmup_moves_memory
-    monkeypatch.setattr(stacks, "load", lambda name: stack)
+    monkeypatch.setattr(stacks, "load", lambda name: _fake_stack(calls, clock, with_warmup))
     monkeypatch.setattr(time, "perf_counter", clock)
     run_started = Collectors.run_started
     monkeypatch.setattr(Collectors, "run_started", lambda self: (calls.append("run_started"), run_started(self)))
-    m = measure(make_workload(tmp_path), "fake", torch.device("cpu"), options or CollectorOptions(python_heap=False))
+    m = measure(make_workload(tmp_path), "fake", torch.device("cpu"), CollectorOptions(python_heap=False))
     return m, calls
 
 
@@ -148,16 +147,62 @@ def test_a_stack_without_warmup_reports_time_warmup_null(tmp_path, monkeypatch):
     assert m.metrics["time.wall"].value == 2.0
 
 
-def test_a_warmup_that_only_moves_time_runs_in_the_timed_round_and_not_in_the_memory_round(tmp_path, monkeypatch):
-    timed = CollectorOptions(python_heap=False, cpu_tensors=False)
-    m, calls = _measure_fake(tmp_path, monkeypatch, with_warmup=True, options=timed, warmup_moves_memory=False)
-    assert calls == ["prepare", "warmup", "run_started", "run"] and m.metrics["time.warmup"].value == 5.0
-    m, calls = _measure_fake(tmp_path, monkeypatch, with_warmup=True, options=CollectorOptions(),
-                             warmup_moves_memory=False)
-    assert calls == ["prepare", "run_started", "run"], "the memory round ran a warm-up that only moves time"
-    assert m.metrics["cpu.heap_alloc.peak"].detail.endswith("without the stack's warm-up (it only moves time)")
-    m, calls = _measure_fake(tmp_path, monkeypatch, with_warmup=True, options=CollectorOptions())
-    assert calls == ["prepare", "warmup", "run_started", "run"]  # a warm-up that moves memory runs in both
+def _heap_stack(calls, clock, warmup_moves_memory):
+    stack = _fake_stack(calls, clock, with_warmup=True)
+    stack.warmup_moves_memory = warmup_moves_memory
+    run = stack.run
+
+    def heavy_run(self, probe):
+        self.kept = bytearray(8 * 2**20)  # 8 MiB of Python heap in the run: more than the warm-up's
+        return run(self, probe)
+
+    def light_warmup(self):
+        calls.append("warmup")
+        self.scratch = bytearray(2 * 2**20)
+        clock.now += 5.0
+
+    stack.run, stack.warmup = heavy_run, light_warmup
+    return stack
+
+
+@pytest.mark.parametrize("moves_memory", [False, True])
+def test_a_warmup_that_is_the_workload_once_measures_the_host_heap_and_the_run_stays_untraced(
+        tmp_path, monkeypatch, moves_memory):
+    calls, clock = [], Clock()
+    monkeypatch.setattr(stacks, "load", lambda name: _heap_stack(calls, clock, moves_memory))
+    monkeypatch.setattr(time, "perf_counter", clock)
+    timed = CollectorOptions(python_heap=False, cpu_tensors=False, heap_in_warmup=True)
+    m = measure(make_workload(tmp_path), "fake", torch.device("cpu"), timed)
+    assert m.error is None, m.error
+    assert calls == ["prepare", "warmup", "run"] and m.metrics["time.wall"].value == 2.0
+    heap = m.metrics["host.heap_alloc.peak"]
+    if moves_memory:  # a warm-up that moves memory is not the workload: the memory round measures the heap
+        assert heap.value is None and heap.reason == HEAP_OFF
+        assert m.metrics["time.warmup"].value == 5.0
+    else:
+        assert 2 * 2**20 <= heap.value < 8 * 2**20, "the host heap is the warm-up's, and the timed run is untraced"
+        assert "during the warm-up" in heap.detail
+        assert m.metrics["time.warmup"].value is None and "tracemalloc" in m.metrics["time.warmup"].reason
+
+
+def test_the_memory_round_runs_only_for_what_the_timed_round_switched_off(tmp_path):
+    from harness.measurement import Measurement
+    from harness.metrics.collect import CPU_TENSORS_OFF
+    from harness.metrics.value import MetricValue
+    from harness.runner import Settings, _left_to_memory_round
+
+    def timed(heap: MetricValue, cpu: MetricValue) -> Measurement:
+        m = Measurement("w", "hf", "f.yaml", None)
+        m.metrics = {"host.heap_alloc.peak": heap, "cpu.heap_alloc.peak": cpu}
+        return m
+
+    off = timed(MetricValue.null(HEAP_OFF), MetricValue.null(CPU_TENSORS_OFF))
+    assert _left_to_memory_round(off, Settings()) == ["host.heap_alloc.peak", "cpu.heap_alloc.peak"]
+    assert _left_to_memory_round(off, Settings(python_heap=False)) == ["cpu.heap_alloc.peak"]
+    gpu_hf = timed(MetricValue(1000), MetricValue.null("measured on CPU runners only (the profiler would slow GPU runs)"))
+    assert _left_to_memory_round(gpu_hf, Settings()) == []  # no memory round at all
+    gpu_paged = timed(MetricValue.null(HEAP_OFF), gpu_hf.metrics["cpu.heap_alloc.peak"])
+    assert _left_to_memory_round(gpu_paged, Settings()) == ["host.heap_alloc.peak"]
 
 
 def test_the_timed_rounds_run_without_the_memory_rounds_collectors(tmp_path):
@@ -166,7 +211,8 @@ def test_the_timed_rounds_run_without_the_memory_rounds_collectors(tmp_path):
     wl = make_workload(tmp_path)
     timed = _worker_command(wl, "hf", Settings(), "out.json")
     memory = _worker_command(wl, "hf", Settings(), "out.json", memory_round=True)
-    assert "--no-python-heap" in timed and "--no-cpu-tensors" in timed
-    assert "--no-python-heap" not in memory and "--no-cpu-tensors" not in memory
+    assert "--no-python-heap" in timed and "--no-cpu-tensors" in timed and "--heap-in-warmup" in timed
+    assert "--no-python-heap" not in memory and "--no-cpu-tensors" not in memory and "--heap-in-warmup" not in memory
+    assert "--heap-in-warmup" not in _worker_command(wl, "hf", Settings(python_heap=False), "out.json")
     no_heap = _worker_command(wl, "hf", Settings(python_heap=False), "out.json", memory_round=True)
     assert "--no-python-heap" in no_heap and "--no-cpu-tensors" not in no_heap
