@@ -15,12 +15,10 @@ import subprocess
 import sys
 import time
 
+from benchmarks.suites_h200 import repeat_rows, table
 from harness import units
-from harness.metrics.catalog import METRICS
 
 WORKLOADS = "benchmarks/workloads/harness_gpu.yaml"
-SHOWN = ("gpu.heap_alloc.peak", "gpu.reserved.peak", "gpu.device_used.peak", "gpu.fragmentation.peak",
-         "gpu.heap_alloc.end", "kv.bytes.peak", "kv.waste.peak", "kv.page_footprint", "host.rss.peak")
 
 
 def start(out: str, tag: str, paths: list[str], *extra: str) -> subprocess.Popen:
@@ -59,26 +57,17 @@ def main() -> int:
     else:
         first = finish(start(out, "run1", paths, "--memcheck-update-baselines", *extra))
         second = finish(start(out, "run2", paths, "--memcheck-update-baselines", *extra))
-    rows = [("item", "verdict", "metric", "run 1", "run 2", "diff")]
-    worst = 0.0
-    for a, b in zip(first["items"], second["items"]):
+    rows, worst = repeat_rows(first, second)  # every memory metric of both runs
+    print("\n" + table(rows))
+    items = [("item", "verdict", "gpu.device_used.peak source", "floors (analytic)")]
+    for b in second["items"]:
         if b["verdict"] in ("skipped", "error"):
-            rows.append((a["id"], b["verdict"], (b["reason"] or "")[:100], "", "", ""))
+            items.append((b["id"], b["verdict"], (b["reason"] or "")[:100], ""))
             continue
-        for name in SHOWN:
-            va, vb = a["metrics"][name]["value"], b["metrics"][name]["value"]
-            unit = METRICS[name].unit
-            diff = "" if va is None or vb is None or not va else units.format_percent((vb - va) / va)
-            if va and vb is not None and name.startswith(("gpu.", "kv.")):
-                worst = max(worst, abs(vb - va) / abs(va))
-            rows.append((a["id"], b["verdict"], name, units.format_value(va, unit), units.format_value(vb, unit), diff))
-        m = b["metrics"]["gpu.device_used.peak"]
-        rows.append((a["id"], "", "gpu.device_used.peak source", m.get("detail") or m.get("reason") or "", "", ""))
-        floors = b["floors"]
-        rows.append((a["id"], "", "floors (analytic)", f"weights {units.format_bytes(floors.get('weights'))}",
-                     f"kv {units.format_bytes(floors.get('kv'))}", ""))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    print("\n" + "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows))
+        m, floors = b["metrics"]["gpu.device_used.peak"], b["floors"]
+        items.append((b["id"], b["verdict"], m.get("detail") or m.get("reason") or "",
+                      f"weights {units.format_bytes(floors.get('weights'))}, kv {units.format_bytes(floors.get('kv'))}"))
+    print("\n" + table(items))
     print("environment:", json.dumps(second["environment"]))
     print(f"largest run-to-run difference of a gpu.*/kv.* metric: {worst * 100:.3f}%")
     return 0

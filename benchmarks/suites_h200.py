@@ -132,12 +132,21 @@ def main() -> int:
     p.add_argument("--compare", nargs=2, metavar="REPORT.json")
     args = p.parse_args()
     if args.compare:
-        first, second = (_items(path) for path in args.compare)
+        try:
+            first, second = (_items(path) for path in args.compare)
+        except (OSError, ValueError, KeyError) as e:
+            p.error(f"--compare: {e}")
         rows, worst = repeat_rows(first, second)
         print(table(rows))
         print(f"largest run-to-run difference of a gpu.*/kv.* metric: {worst * 100:.3f}%")
         return 0
-    estimates = {**ESTIMATE_S, **{k: float(v) for k, v in (e.split("=") for e in args.estimates.split(",") if e)}}
+    try:
+        estimates = {**ESTIMATE_S, **{k: float(v) for k, v in (e.split("=") for e in args.estimates.split(",") if e)}}
+    except ValueError:
+        p.error(f"--estimates {args.estimates!r}: expected PART=SECONDS,... (e.g. vl=160,r1-long=380)")
+    unknown = [key for key in args.suites.split(",") if key not in PARTS]
+    if unknown:
+        p.error(f"--suites: no part named {', '.join(unknown)} (parts: {', '.join(PARTS)})")
     t0, reports, left_out = time.time(), {}, []
     for key in args.suites.split(","):
         left = args.budget_s - (time.time() - t0)

@@ -50,7 +50,7 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
             collectors.host.trace_warmup()
         warmup = _warm_up(stack)
         if heap_in_warmup:
-            collectors.host.warmup_traced()
+            collectors.host.stop_heap_trace()
             warmup = MetricValue.null("the warm-up ran under tracemalloc to measure host.heap_alloc.peak: "
                                       "its time is not the stack's")
         m.phases["warmup"] = round(time.perf_counter() - t0, 3)

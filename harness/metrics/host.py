@@ -122,6 +122,10 @@ class HostCollector:
     def run_finished(self) -> None:
         """The Python heap's peak is read when the run returns: what the harness allocates after it
         (closing the stack, processing the profiler's events) is not the workload's."""
+        self.stop_heap_trace()
+
+    def stop_heap_trace(self) -> None:
+        """Read the traced Python heap's peak and stop tracing (after the run, or after a traced warm-up)."""
         if tracemalloc.is_tracing():
             self._heap_peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
@@ -132,9 +136,6 @@ class HostCollector:
         self.python_heap = True
         self._heap_detail = "tracemalloc, during the warm-up (the workload once; the timed run runs untraced)"
         tracemalloc.start(1)
-
-    def warmup_traced(self) -> None:
-        self.run_finished()
 
     def stop(self) -> dict[str, MetricValue]:
         if self._on_gc in gc.callbacks:

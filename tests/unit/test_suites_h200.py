@@ -4,6 +4,8 @@ are read together."""
 import json
 import sys
 
+import pytest
+
 from benchmarks import suites_h200 as sh
 
 
@@ -33,3 +35,10 @@ def test_a_runs_folder_is_read_as_one_report_without_its_merge(tmp_path):
     for name, ids in (("vl.json", {"x[hf]": 1}), ("r1-long.json", {"y[hf]": 2}), ("merged.json", {"x[hf]": 1})):
         (tmp_path / name).write_text(json.dumps(report(ids)))
     assert sorted(i["id"] for i in sh._items(str(tmp_path))["items"]) == ["x[hf]", "y[hf]"]
+
+
+def test_an_unknown_part_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["suites_h200.py", str(tmp_path), "--suites", "vl,r1"])
+    with pytest.raises(SystemExit):
+        sh.main()
+    assert "--suites: no part named r1 (parts: vl, v2, r1-long, r1-batch)" in capsys.readouterr().err
