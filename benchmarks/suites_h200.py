@@ -19,12 +19,14 @@ import subprocess
 import sys
 import time
 
-# One pytest each: a suite, or a part of one (the R1 suite takes 9.6 min, near one call's 10-minute limit).
+# One pytest each: a suite, or a part of one (the R1 suite took 9.6 min before hf's memory round was folded into
+# its warm-up, near one call's 10-minute limit; 5.8 min since).
 R1 = "suites/r1_long_context.yaml"
 PARTS = {"vl": ("suites/deepseek_vl_mixed.yaml", "not tp2"), "v2": ("suites/v2_moe.yaml", "not tp2"),
          "r1-long": (R1, "(r1-32k or r1-64k or r1-128k) and not tp2"), "r1-batch": (R1, "r1-32x2k or r1-staggered")}
-# Seconds on an H200 with the fork server (2026-12-01 run 1: r1-long 356 s, r1-batch 208 s, vl 148 s; v2 a guess).
-ESTIMATE_S = {"vl": 160, "v2": 240, "r1-long": 380, "r1-batch": 230}
+# Seconds on an H200, a cold Triton cache, with about 10% to spare (2026-12-01, code b9edd30: r1-long 224 s,
+# r1-batch 125 s, vl 93 s, v2 115-125 s; benchmarks/results/suites_h200_2026-12-01_nvidia-h200.log).
+ESTIMATE_S = {"vl": 105, "v2": 140, "r1-long": 245, "r1-batch": 140}
 # Memory metrics that must repeat run to run (issue 13: within 0.5%); time metrics are compared through rounds.
 MEMORY = ("gpu.heap_alloc.peak", "gpu.heap_alloc.end", "gpu.reserved.peak", "gpu.device_used.peak",
           "gpu.fragmentation.peak", "kv.bytes.peak", "kv.live_bytes.peak", "kv.waste.peak", "kv.page_footprint",
