@@ -46,7 +46,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import kernels  # noqa: E402
-from kernels import decode, dispatch, mla, reference  # noqa: E402
+from kernels import decode, dispatch, mla, prefill, reference  # noqa: E402
 
 DEVICE = "cuda"
 BLOCK = 16
@@ -406,6 +406,10 @@ VLLM_QUOTED = [
 # few times the floor (decode 1.1x batched, MLA 1.8x to 27x, prefill 3-7x, SDPA 1.3-1.6x: issue 14), a decode launch
 # pair (decode + merge) about 12 us however small (paged_h200_2026-12-01 decode_split), a replay's L2 flush and sync.
 H200_COPY_BPS, H200_MM_FLOPS = 4.28e12, 7.9e14
+# --prefill-sweep: kernels/prefill.py's configs around its (untuned) default, timed on every dense prefill cell
+PREFILL_SWEEP = [{"rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages, "split_causal": split}
+                 for rows in (64, 128) for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)
+                 for split in (False, True)]
 EXPECTED_X = {MLA_DECODE: 4.0, DECODE: 1.5, PREFILL: 4.0 + 1.5, MLA_PREFILL: 7.0 + 1.6}  # prefill: ours + SDPA
 LAUNCH_MS, REPLAY_OVERHEAD_MS, FILL_BPS = 0.012, 0.2, 1e12
 # imports, CUDA and the two rates; a cell's set-up (tables, capture, empty_cache); one kernel variant; one fp32 check
@@ -608,6 +612,8 @@ def prefill_cell(c, layers, gen):
     kc, vc = contiguous(k, table, c.context), contiguous(v, table, c.context)  # [batch, kv heads, context, dim]
     q4 = q.view(c.batch, c.new, c.q_heads, c.head_dim).transpose(1, 2).contiguous()
     return {"step": ours, "output": ours,
+            "with_config": lambda cfg: lambda: prefill.paged_prefill(q, k, v, table, cu, seq_lens, scale,
+                                                                     max_q_len=c.new, config=cfg),
             "reference": lambda: reference.paged_prefill(q.float(), k.float(), v.float(), table, cu, seq_lens, scale),
             "sdpa": lambda: causal_sdpa(q4, kc, vc, scale),
             "sdpa_as_ours": lambda o: o.transpose(1, 2).reshape(q.shape)}
@@ -679,7 +685,22 @@ def cell_row(c, g, bandwidth, rate):
     return row
 
 
-def run_grid_cell(c, g, bandwidth, rate, gen):
+def sweep_configs(with_config, variants, out, floor, replays):
+    """Each config variant: its output against the default's (already checked), then its time."""
+    rows = []
+    for cfg in variants:
+        row = dict(cfg)
+        try:
+            row["rel_err_vs_default"] = rel_err(with_config(cfg)(), out)
+            row["ms"] = bench_graph(with_config(cfg), replays)
+            row["x_floor"] = row["ms"] / floor
+        except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: recorded, the next variant runs
+            row["error"] = repr(e)[:300]
+        rows.append(row)
+    return rows
+
+
+def run_grid_cell(c, g, bandwidth, rate, gen, sweep=False):
     row = cell_row(c, g, bandwidth, rate)
     layers, floor = row["layers"], row["floor_ms"]
     build = BUILDERS[c.family](c, layers, gen)
@@ -690,6 +711,8 @@ def run_grid_cell(c, g, bandwidth, rate, gen):
     replays = replays_for(floor * layers)
     row["ms"] = bench_graph(build["step"], replays) / layers
     row["x_floor"] = row["ms"] / floor
+    if sweep and "with_config" in build:
+        row["sweep"] = sweep_configs(build["with_config"], PREFILL_SWEEP, out, floor, replays)
     if "sdpa" in build:
         try:
             row["sdpa"], sdpa_out = time_sdpa(build["sdpa"], floor, replays)
@@ -723,13 +746,13 @@ def run_grid(args, g, env, t0):
             continue
         started = time.time()
         try:
-            row = {**run_grid_cell(c, g, bandwidth, rate, gen), "status": "ok"}
+            row = {**run_grid_cell(c, g, bandwidth, rate, gen, args.prefill_sweep), "status": "ok"}
         except Exception as e:  # noqa: BLE001 - out of memory, a compile error: recorded, the grid goes on
             row = {**cell_row(c, g, bandwidth, rate), "status": "error", "error": repr(e)[:300]}
         row["seconds"] = time.time() - started
         rows.append(row)
         log(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()
-                        if k not in ("vllm_quoted", "floor_dims")}))
+                        if k not in ("vllm_quoted", "floor_dims", "sweep")}))
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
         result["seconds"] = time.time() - t0
@@ -826,15 +849,42 @@ def grid_report(rows, g, bandwidth, rate):
         decode_table(rows, family, g)
     log("")
     prefill_table(rows, g)
+    if any("sweep" in r for r in rows):
+        log("")
+        prefill_sweep_table(rows)
+
+
+def prefill_sweep_table(rows):
+    """--prefill-sweep: each config's x floor on every swept cell, the best worst case first."""
+    swept = [r for r in rows if "sweep" in r]
+    by_cfg = {}
+    for r in swept:
+        for v in r["sweep"]:
+            key = tuple((k, v[k]) for k in prefill.CONFIG)
+            by_cfg.setdefault(key, {})[r["name"]] = v
+    def worst(cells):
+        xs = [v.get("x_floor", math.inf) if v.get("rel_err_vs_default", 0) < BF16_BOUND else math.inf
+              for v in cells.values()]
+        return max(xs) if len(xs) == len(swept) else math.inf
+    log(f"prefill configs (kernels/prefill.py CONFIG = {prefill.CONFIG}), x floor per cell, best worst case first; "
+        "err: failed or differs from the default's output")
+    log(f"{'rows bn warps stages split':28s}" + "".join(f"{r['name'][:16]:>18s}" for r in swept) + f"{'worst':>8s}")
+    for key, cells in sorted(by_cfg.items(), key=lambda kv: worst(kv[1])):
+        cfg = dict(key)
+        label = f"{cfg['rows']:4d} {cfg['block_n']:3d} {cfg['num_warps']:5d} {cfg['num_stages']:6d} {str(cfg['split_causal']):>5s}"
+        cols = "".join(f"{cells[r['name']]['x_floor']:18.2f}" if "x_floor" in cells.get(r["name"], {}) else f"{'err':>18s}"
+                       for r in swept)
+        log(f"{label:28s}{cols}{worst(cells):8.2f}")
 
 
 def dry_run_shapes():
-    global DEVICE, DECODE_SHAPES, MLA_SHAPE, DECODE_SWEEP, MLA_SWEEP, HEAD_DIM
+    global DEVICE, DECODE_SHAPES, MLA_SHAPE, DECODE_SWEEP, MLA_SWEEP, HEAD_DIM, PREFILL_SWEEP
     DEVICE, HEAD_DIM = "cpu", 32
     DECODE_SHAPES = [(n, 2, 40, hq // 4, hkv // 4 if hkv > 4 else 1, mixed)
                      for n, _, _, hq, hkv, mixed in DECODE_SHAPES]
     MLA_SHAPE = (MLA_SHAPE[0], 2, 40, 16, 64, 16)
     DECODE_SWEEP, MLA_SWEEP = DECODE_SWEEP[:1], MLA_SWEEP[:1]
+    PREFILL_SWEEP = [{**prefill.CONFIG, **prefill.CPU_CONFIG, "split_causal": split} for split in (False, True)]
 
 
 def main():
@@ -843,11 +893,15 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
     parser.add_argument("--grid", action="store_true", help="issue 14's grid: every kernel on every shape")
+    parser.add_argument("--prefill-sweep", action="store_true",
+                        help="--grid also times kernels/prefill.py's configs (PREFILL_SWEEP) on every dense prefill cell")
     parser.add_argument("--max-seconds", type=float, default=480,
                         help="--grid starts no cell past this many seconds from the start (default 480)")
     args = parser.parse_args()
     if args.grid and args.sweep:
         parser.error("--sweep times the default shapes' configs: run it without --grid")
+    if args.prefill_sweep and not args.grid:
+        parser.error("--prefill-sweep times the grid's prefill cells: run it with --grid")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     if args.dry_run:
@@ -858,7 +912,7 @@ def main():
         name, sms = props.name, props.multi_processor_count
     env = {"date": datetime.date.today().isoformat(), "device": name, "sms": sms,
            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-           "defaults": {"decode": decode.DEFAULT_CONFIG, "mla": mla.DEFAULT_CONFIG}}
+           "defaults": {"decode": decode.DEFAULT_CONFIG, "mla": mla.DEFAULT_CONFIG, "prefill": prefill.CONFIG}}
     log("env", json.dumps(env))
     torch.manual_seed(0)
     if args.grid:

@@ -35,11 +35,23 @@ def attend_tokens(q, k_ptr, v_ptr, bt_row, kv_head, start, end, qk_scale,
                    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Online softmax of q's ROWS rows over tokens [start, end) of one KV head: (max, sum, unnormalized out).
     CAUSAL: row r sees tokens up to q_pos[r] only (prefill, kernels/prefill.py); decode passes q_pos unused."""
+    return attend_more_tokens(tl.full([ROWS], float("-inf"), tl.float32), tl.zeros([ROWS], tl.float32),
+                              tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32), q, k_ptr, v_ptr, bt_row, kv_head, start,
+                              end, qk_scale, stride_k_block, stride_k_tok, stride_k_head, stride_v_block,
+                              stride_v_tok, stride_v_head, q_pos, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, CAUSAL,
+                              DOT_PRECISION, UPCAST)
+
+
+@triton.jit
+def attend_more_tokens(m, l, acc, q, k_ptr, v_ptr, bt_row, kv_head, start, end, qk_scale,
+                       stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok, stride_v_head, q_pos,
+                       HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                       BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """attend_tokens, carried on from an online softmax's state (m, l, acc) of earlier tokens: a prefill runs its
+    tiles below the causal diagonal unmasked, then the diagonal's tiles masked, into one state."""
     dims = tl.arange(0, HEAD_DIM_PAD)
     dim_mask = dims < HEAD_DIM
-    m = tl.full([ROWS], float("-inf"), tl.float32)
-    l = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
     for t0 in range(start, end, BLOCK_N):
         toks = t0 + tl.arange(0, BLOCK_N)
         tok_mask = toks < end

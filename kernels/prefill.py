@@ -6,20 +6,25 @@ each attends to the cached prefix in full and causally within the new chunk. A p
 is the case prefix = 0; a decode step is q_len = 1.
 
 One program takes BLOCK_Q new tokens of one sequence times the query heads of one KV head:
-its rows are (token, head-in-group) pairs, so one K/V tile serves the whole group.
+its rows are (token, head-in-group) pairs, so one K/V tile serves the whole group. With
+split_causal, the key tiles that every row of the program sees in full (those before its first
+token's position) run without the causal mask, and only the tiles on the diagonal apply it.
 """
 import torch
 import triton
 import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, upcast_dots
-from .decode import attend_tokens
+from .decode import attend_more_tokens, attend_tokens
 
 fix_triton_interpreter()
 
 LOG2E = 1.4426950408889634
-ROWS = 64  # query rows (tokens x heads in the group) per program on the GPU
-BLOCK_N = 64  # keys per loop step on the GPU
+# On the GPU: query rows (tokens x heads in the group) per program, keys per loop step, warps, pipeline depth, and
+# whether the tiles below the causal diagonal skip the mask. Untuned: benchmarks/kernels_h200.py --grid
+# --prefill-sweep times the variants around it (issue 14).
+CONFIG = {"rows": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "split_causal": False}
+CPU_CONFIG = {"rows": 16, "block_n": 16}  # the interpreter: small tiles run faster
 
 
 @triton.jit
@@ -46,7 +51,7 @@ def _prefill(
     stride_o_tok, stride_o_head,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
@@ -62,10 +67,18 @@ def _prefill(
     q_pos = prefix + tok  # position in the sequence: sees keys 0..q_pos
 
     kv_end = prefix + tl.minimum(q_len, (tl.program_id(0) + 1) * BLOCK_Q)  # the tile's last query sees no further
-    m, l, acc = attend_tokens(q, k_ptr, v_ptr, block_table_ptr + seq * stride_bt_seq, kv_head, 0, kv_end, qk_scale,
+    bt_row = block_table_ptr + seq * stride_bt_seq
+    masked_from = 0
+    if SPLIT_CAUSAL:  # whole key tiles before the first row's position: every row sees all of them
+        masked_from = (prefix + tl.program_id(0) * BLOCK_Q) // BLOCK_N * BLOCK_N
+    m, l, acc = attend_tokens(q, k_ptr, v_ptr, bt_row, kv_head, 0, masked_from, qk_scale,
                               stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
                               stride_v_head, q_pos, BLOCK_Q * GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N,
-                              True, DOT_PRECISION, UPCAST)
+                              False, DOT_PRECISION, UPCAST)
+    m, l, acc = attend_more_tokens(m, l, acc, q, k_ptr, v_ptr, bt_row, kv_head, masked_from, kv_end, qk_scale,
+                                   stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
+                                   stride_v_head, q_pos, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, True,
+                                   DOT_PRECISION, UPCAST)
 
     l = tl.where(l == 0.0, 1.0, l)
     o_off = (q_start + tok).to(tl.int64)[:, None] * stride_o_tok + heads[:, None] * stride_o_head + dims[None, :]
@@ -73,7 +86,8 @@ def _prefill(
              mask=row_mask[:, None] & dim_mask[None, :])
 
 
-def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale, max_q_len=None, *, out=None):
+def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale, max_q_len=None, *, out=None,
+                  config=None):
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
@@ -86,8 +100,8 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     group = num_q_heads // num_kv_heads
     group_pad = next_pow2(group)
-    on_cpu = q.device.type == "cpu"  # the interpreter: small tiles run faster
-    block_q = max(1, (16 if on_cpu else ROWS) // group_pad)
+    cfg = {**CONFIG, **(CPU_CONFIG if q.device.type == "cpu" else {}), **(config or {})}
+    block_q = max(1, cfg["rows"] // group_pad)
     grid = (triton.cdiv(max_q_len, block_q), num_kv_heads, num_seqs)
     _prefill[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out,
@@ -99,8 +113,8 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
-        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=16 if on_cpu else BLOCK_N,
+        BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=cfg["block_n"], SPLIT_CAUSAL=cfg["split_causal"],
         DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(q),
-        num_warps=4, num_stages=2,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out

@@ -44,6 +44,16 @@ def test_chunked_prefill_half_precision(dtype, ratio):
     assert_close(paged_prefill(*case, out=poisoned(case[0])), fp32_reference(*case))
 
 
+@pytest.mark.parametrize("config", [{"split_causal": True}, {"split_causal": True, "rows": 32, "block_n": 32}])
+@pytest.mark.parametrize("ratio", [1, 7])
+def test_split_causal_runs_the_tiles_below_the_diagonal_unmasked(ratio, config):
+    # long enough that a program's first row sits past whole key tiles: after a cached prefix of 40 tokens
+    # and within a 50-token prompt, and a tile boundary that falls inside the 16-token blocks
+    case = make_case(20 + ratio, 16, *RATIOS[ratio], prefixes=[0, 40, 3], new=[50, 21, 2])
+    out = paged_prefill(*case, out=poisoned(case[0]), config=config)
+    assert_close(out, fp32_reference(*case))
+
+
 def test_a_sequence_with_no_new_tokens_is_skipped():
     case = make_case(5, 8, 8, 2, prefixes=[4, 10, 0], new=[3, 0, 2])
     assert_close(paged_prefill(*case, out=poisoned(case[0]), max_q_len=3), fp32_reference(*case))
