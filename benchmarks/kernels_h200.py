@@ -29,6 +29,11 @@ rows first, then the rest smallest first; no cell starts past --max-seconds, and
 after every cell. Estimated H200 wall time of the 99 cells: about 3 min (estimate_seconds: 25 s to start,
 42 Triton compiles at ~2 s, 0.5 s of set-up a cell, 13 s of replays, 10 s of fp32 checks), so the grid
 is not trimmed; the budget's default leaves the 10-minute device call 2 minutes of margin.
+
+--prefill-sweep also times the prefill kernels' configs (PREFILL_SWEEP: 48 dense, 24 MLA) on the prefill
+cells, each variant checked against the default's output, and prints a table per kernel, best worst case
+first. Not yet run on an H200; estimated at about 4 more minutes (72 compiles at ~2 s, ~100 s of replays),
+so the prefill cells (issue 14's rows come first) get their sweep before --max-seconds stops the grid.
 """
 import argparse
 import datetime
@@ -406,10 +411,16 @@ VLLM_QUOTED = [
 # few times the floor (decode 1.1x batched, MLA 1.8x to 27x, prefill 3-7x, SDPA 1.3-1.6x: issue 14), a decode launch
 # pair (decode + merge) about 12 us however small (paged_h200_2026-12-01 decode_split), a replay's L2 flush and sync.
 H200_COPY_BPS, H200_MM_FLOPS = 4.28e12, 7.9e14
-# --prefill-sweep: kernels/prefill.py's configs around its (untuned) default, timed on every dense prefill cell
-PREFILL_SWEEP = [{"rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages, "split_causal": split}
-                 for rows in (64, 128) for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)
-                 for split in (False, True)]
+# --prefill-sweep: the prefill kernels' configs around their (untuned) defaults, timed on every prefill cell of
+# their family. MLA's rows stop at 32: each row carries a 512-wide float32 accumulator.
+PREFILL_SWEEP = {
+    PREFILL: [{"rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages, "split_causal": split}
+              for rows in (64, 128) for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)
+              for split in (False, True)],
+    MLA_PREFILL: [{"rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+                  for rows in (16, 32) for block_n in (16, 32, 64) for warps in (4, 8) for stages in (2, 3)],
+}
+PREFILL_DEFAULTS = {PREFILL: prefill.CONFIG, MLA_PREFILL: mla.PREFILL_CONFIG}
 EXPECTED_X = {MLA_DECODE: 4.0, DECODE: 1.5, PREFILL: 4.0 + 1.5, MLA_PREFILL: 7.0 + 1.6}  # prefill: ours + SDPA
 LAUNCH_MS, REPLAY_OVERHEAD_MS, FILL_BPS = 0.012, 0.2, 1e12
 # imports, CUDA and the two rates; a cell's set-up (tables, capture, empty_cache); one kernel variant; one fp32 check
@@ -629,6 +640,8 @@ def mla_prefill_cell(c, layers, gen):
     q4, k4, v4 = bf16(c.batch, c.q_heads, c.new, qk), bf16(c.batch, c.q_heads, c.context, qk), bf16(
         c.batch, c.q_heads, c.context, v)
     return {"step": lambda: kernels.mla_prefill(q_lat, q_pe, cache, table, cu, seq_lens, scale, c.new, out=out),
+            "with_config": lambda cfg: lambda: mla.mla_prefill(q_lat, q_pe, cache, table, cu, seq_lens, scale, c.new,
+                                                               out=out, config=cfg),
             "output": lambda: kernels.mla_prefill(q_lat, q_pe, cache, table, cu, seq_lens, scale, c.new,
                                                   out=poisoned(out)),
             "reference": lambda: reference.mla_prefill(q_lat.float(), q_pe.float(), cache.float(), table, cu,
@@ -712,7 +725,7 @@ def run_grid_cell(c, g, bandwidth, rate, gen, sweep=False):
     row["ms"] = bench_graph(build["step"], replays) / layers
     row["x_floor"] = row["ms"] / floor
     if sweep and "with_config" in build:
-        row["sweep"] = sweep_configs(build["with_config"], PREFILL_SWEEP, out, floor, replays)
+        row["sweep"] = sweep_configs(build["with_config"], PREFILL_SWEEP[c.family], out, floor, replays)
     if "sdpa" in build:
         try:
             row["sdpa"], sdpa_out = time_sdpa(build["sdpa"], floor, replays)
@@ -849,32 +862,33 @@ def grid_report(rows, g, bandwidth, rate):
         decode_table(rows, family, g)
     log("")
     prefill_table(rows, g)
-    if any("sweep" in r for r in rows):
-        log("")
-        prefill_sweep_table(rows)
+    for family in (PREFILL, MLA_PREFILL):
+        if any("sweep" in r and r["family"] == family for r in rows):
+            log("")
+            prefill_sweep_table([r for r in rows if "sweep" in r and r["family"] == family], family)
 
 
-def prefill_sweep_table(rows):
-    """--prefill-sweep: each config's x floor on every swept cell, the best worst case first."""
-    swept = [r for r in rows if "sweep" in r]
+def prefill_sweep_table(swept, family):
+    """--prefill-sweep: each config's x floor on every swept cell of one kernel, the best worst case first (a config
+    that failed, or whose output differs from the default's, counts as infinitely slow)."""
+    fields = list(PREFILL_DEFAULTS[family])
     by_cfg = {}
     for r in swept:
         for v in r["sweep"]:
-            key = tuple((k, v[k]) for k in prefill.CONFIG)
-            by_cfg.setdefault(key, {})[r["name"]] = v
+            by_cfg.setdefault(tuple(v[k] for k in fields), {})[r["name"]] = v
+
+    def x(v):
+        return v["x_floor"] if "x_floor" in v and v["rel_err_vs_default"] < BF16_BOUND else math.inf
+
     def worst(cells):
-        xs = [v.get("x_floor", math.inf) if v.get("rel_err_vs_default", 0) < BF16_BOUND else math.inf
-              for v in cells.values()]
-        return max(xs) if len(xs) == len(swept) else math.inf
-    log(f"prefill configs (kernels/prefill.py CONFIG = {prefill.CONFIG}), x floor per cell, best worst case first; "
+        return max(x(cells.get(r["name"], {})) for r in swept)
+
+    log(f"{family} configs (default {PREFILL_DEFAULTS[family]}), x floor per cell, best worst case first; "
         "err: failed or differs from the default's output")
-    log(f"{'rows bn warps stages split':28s}" + "".join(f"{r['name'][:16]:>18s}" for r in swept) + f"{'worst':>8s}")
+    log(" ".join(f"{k[:8]:>8s}" for k in fields) + "".join(f"{r['name'][:20]:>22s}" for r in swept) + f"{'worst':>8s}")
     for key, cells in sorted(by_cfg.items(), key=lambda kv: worst(kv[1])):
-        cfg = dict(key)
-        label = f"{cfg['rows']:4d} {cfg['block_n']:3d} {cfg['num_warps']:5d} {cfg['num_stages']:6d} {str(cfg['split_causal']):>5s}"
-        cols = "".join(f"{cells[r['name']]['x_floor']:18.2f}" if "x_floor" in cells.get(r["name"], {}) else f"{'err':>18s}"
-                       for r in swept)
-        log(f"{label:28s}{cols}{worst(cells):8.2f}")
+        cols = "".join(f"{x(cells.get(r['name'], {})):22.2f}".replace("inf", "err") for r in swept)
+        log(" ".join(f"{str(k):>8s}" for k in key) + f"{cols}{worst(cells):8.2f}".replace("inf", "err"))
 
 
 def dry_run_shapes():
@@ -884,7 +898,8 @@ def dry_run_shapes():
                      for n, _, _, hq, hkv, mixed in DECODE_SHAPES]
     MLA_SHAPE = (MLA_SHAPE[0], 2, 40, 16, 64, 16)
     DECODE_SWEEP, MLA_SWEEP = DECODE_SWEEP[:1], MLA_SWEEP[:1]
-    PREFILL_SWEEP = [{**prefill.CONFIG, **prefill.CPU_CONFIG, "split_causal": split} for split in (False, True)]
+    PREFILL_SWEEP = {PREFILL: [{**prefill.CONFIG, **prefill.CPU_CONFIG, "split_causal": split} for split in (False, True)],
+                     MLA_PREFILL: [{**mla.PREFILL_CONFIG, **mla.CPU_PREFILL_TILES}]}
 
 
 def main():
@@ -894,7 +909,7 @@ def main():
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
     parser.add_argument("--grid", action="store_true", help="issue 14's grid: every kernel on every shape")
     parser.add_argument("--prefill-sweep", action="store_true",
-                        help="--grid also times kernels/prefill.py's configs (PREFILL_SWEEP) on every dense prefill cell")
+                        help="--grid also times the prefill kernels' configs (PREFILL_SWEEP) on their prefill cells")
     parser.add_argument("--max-seconds", type=float, default=480,
                         help="--grid starts no cell past this many seconds from the start (default 480)")
     args = parser.parse_args()
