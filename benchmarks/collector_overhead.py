@@ -125,9 +125,12 @@ def _memory_vs_baseline(runs, baseline) -> str:
         return f"no baseline; rounds agree on {len(same)}/{len(measured)} exact metrics"
     exact = [n for n in EXACT if n in baseline.metrics and baseline.metrics[n].value is not None]
     same = [n for n in exact if all(r.metrics[n].value == baseline.metrics[n].value for r in runs)]
+    text = f"exact {len(same)}/{len(exact)}"
     differ = sorted(set(exact) - set(same))  # with the values: how far, and whether every round moved alike
-    text = f"exact {len(same)}/{len(exact)}" + ("" if not differ else " (differ: " + ", ".join(
-        f"{n} {baseline.metrics[n].value:g} -> {'/'.join(f'{r.metrics[n].value:g}' for r in runs)}" for n in differ) + ")")
+    if differ:
+        moved = [f"{n} {baseline.metrics[n].value:g} -> " + "/".join(f"{r.metrics[n].value:g}" for r in runs)
+                 for n in differ]
+        text += f" (differ: {', '.join(moved)})"
     pages, was = runs[0].metrics["kv.page_footprint"].value, baseline.metrics.get("kv.page_footprint")
     if pages is not None and was is not None and was.value is not None:
         text += f", pages {was.value:g}->{pages:g}"

@@ -883,12 +883,15 @@ def prefill_sweep_table(swept, family):
     def worst(cells):
         return max(x(cells.get(r["name"], {})) for r in swept)
 
+    def shown(value, width):
+        return f"{value:{width}.2f}" if value != math.inf else f"{'err':>{width}s}"
+
     log(f"{family} configs (default {PREFILL_DEFAULTS[family]}), x floor per cell, best worst case first; "
         "err: failed or differs from the default's output")
     log(" ".join(f"{k[:8]:>8s}" for k in fields) + "".join(f"{r['name'][:20]:>22s}" for r in swept) + f"{'worst':>8s}")
     for key, cells in sorted(by_cfg.items(), key=lambda kv: worst(kv[1])):
-        cols = "".join(f"{x(cells.get(r['name'], {})):22.2f}".replace("inf", "err") for r in swept)
-        log(" ".join(f"{str(k):>8s}" for k in key) + f"{cols}{worst(cells):8.2f}".replace("inf", "err"))
+        log(" ".join(f"{str(k):>8s}" for k in key) + "".join(shown(x(cells.get(r["name"], {})), 22) for r in swept)
+            + shown(worst(cells), 8))
 
 
 def dry_run_shapes():
@@ -898,7 +901,8 @@ def dry_run_shapes():
                      for n, _, _, hq, hkv, mixed in DECODE_SHAPES]
     MLA_SHAPE = (MLA_SHAPE[0], 2, 40, 16, 64, 16)
     DECODE_SWEEP, MLA_SWEEP = DECODE_SWEEP[:1], MLA_SWEEP[:1]
-    PREFILL_SWEEP = {PREFILL: [{**prefill.CONFIG, **prefill.CPU_CONFIG, "split_causal": split} for split in (False, True)],
+    PREFILL_SWEEP = {PREFILL: [{**prefill.CONFIG, **prefill.CPU_CONFIG, "split_causal": split}
+                               for split in (False, True)],
                      MLA_PREFILL: [{**mla.PREFILL_CONFIG, **mla.CPU_PREFILL_TILES}]}
 
 

@@ -113,6 +113,8 @@ def _items(path: str) -> dict:
     for name in files:
         with open(name) as f:
             items += json.load(f)["items"]
+    if not items:
+        raise ValueError(f"{path}: no report items")
     return {"items": items}
 
 
@@ -142,6 +144,8 @@ def main() -> int:
         print(table(rows))
         print(f"largest run-to-run difference of a gpu.*/kv.* metric: {worst * 100:.3f}%")
         return 0
+    if not args.out:
+        p.error("OUT (the folder for the run's reports) is required, unless --compare")
     try:
         estimates = {**ESTIMATE_S, **{k: float(v) for k, v in (e.split("=") for e in args.estimates.split(",") if e)}}
     except ValueError:

@@ -13,9 +13,10 @@ harness calls nothing that is not declared in this file.
     weights_bytes(), workspace_bytes() for the analytic floors reported beside the peaks
     close()                            drop the model; the harness then collects garbage and stops measuring
 
-Class attributes: `name`, `attentions`, `fork_preload`, `rank_processes`, `warmup_moves_memory`. Helpers a stack uses to report the
-metrics every stack reports the same way: `time_metrics` (tokens_per_s, ttft, tpot; harness/stacks/time_metrics.py)
-and `distinct_pages` (kv.page_footprint; harness/stacks/pages.py). Device checks: `harness.devices.is_cuda`.
+Class attributes: `name`, `attentions`, `fork_preload`, `rank_processes`, `warmup_moves_memory`. Helpers a
+stack uses to report the metrics every stack reports the same way: `time_metrics` (tokens_per_s, ttft, tpot;
+harness/stacks/time_metrics.py) and `distinct_pages` (kv.page_footprint; harness/stacks/pages.py). Device checks:
+`harness.devices.is_cuda`.
 """
 from __future__ import annotations
 

@@ -42,3 +42,15 @@ def test_an_unknown_part_is_a_one_line_error(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         sh.main()
     assert "--suites: no part named r1 (parts: vl, v2, r1-long, r1-batch)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--suites", "vl"], "OUT (the folder for the run's reports) is required, unless --compare"),
+    (["--compare", "EMPTY", "EMPTY"], "--compare: EMPTY: no report items"),  # a folder with no report in it
+])
+def test_a_missing_out_or_an_empty_comparison_is_a_one_line_error(tmp_path, monkeypatch, capsys, argv, says):
+    empty = str(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["suites_h200.py", *(empty if a == "EMPTY" else a for a in argv)])
+    with pytest.raises(SystemExit):
+        sh.main()
+    assert says.replace("EMPTY", empty) in capsys.readouterr().err
