@@ -30,10 +30,11 @@ after every cell. Estimated H200 wall time of the 99 cells: about 3 min (estimat
 42 Triton compiles at ~2 s, 0.5 s of set-up a cell, 13 s of replays, 10 s of fp32 checks), so the grid
 is not trimmed; the budget's default leaves the 10-minute device call 2 minutes of margin.
 
---prefill-sweep also times the prefill kernels' configs (PREFILL_SWEEP: 48 dense, 24 MLA) on the prefill
-cells, each variant checked against the default's output, and prints a table per kernel, best worst case
-first. Not yet run on an H200; estimated at about 4 more minutes (72 compiles at ~2 s, ~100 s of replays),
-so the prefill cells (issue 14's rows come first) get their sweep before --max-seconds stops the grid.
+--config-sweep also times kernel configs on some grid cells, each variant checked against the default's output, and
+prints a table per kernel, best worst case first: the prefill kernels' configs (CONFIG_SWEEP: 48 dense, 24 MLA) on
+every prefill cell, and MLA decode's head block, tile and warps (18) on two batched 128-head 4K cells, where the
+work is compute-bound. Estimated at about 5 more minutes (~110 compiles at ~2 s, ~100 s of replays), so the swept
+cells (issue 14's rows come first) get their sweep before --max-seconds stops the grid.
 """
 import argparse
 import datetime
@@ -371,6 +372,7 @@ GRID = {
     "mla_heads": (16, 128), "rank": 512, "rope": 64,  # DeepSeek-V2-Lite; V2/V3
     "dense": ((28, 4), (32, 8), (32, 32)), "head_dim": 128,  # R1-Distill-Qwen-7B's GQA 28/4 first
     "long_mla": 65536,  # issue 14's "MLA, one sequence of 64K" row
+    "swept_mla_batches": (32, 256),  # --config-sweep's MLA decode cells (128 heads, 4K)
     "prompts": (2048, 8192, 32768), "many": (8, 2048), "chunk": (2048, 30720),  # chunk: (new, cached prefix)
     "mla_prefill": (16, 4096, 192, 128),  # heads, prompt, the q/k and v widths of its FLOP floor (V2-Lite)
     "cap_bytes": 60e9,  # cells whose cache would pass this are skipped (and listed)
@@ -378,7 +380,7 @@ GRID = {
 }
 DRY_GRID = {  # --grid --dry-run: every family's code path on the CPU, one MHA cell over the cap, two layers
     "batches": (1, 2), "contexts": (32, 64), "mla_heads": (16, 32), "rank": 64, "rope": 16,
-    "dense": ((7, 1), (8, 2), (4, 4)), "head_dim": 32, "long_mla": 96,
+    "dense": ((7, 1), (8, 2), (4, 4)), "head_dim": 32, "long_mla": 96, "swept_mla_batches": (2,),
     "prompts": (32, 64, 96), "many": (3, 32), "chunk": (16, 48), "mla_prefill": (16, 64, 48, 32),
     "cap_bytes": 40_000, "cold_bytes": 40_000, "max_layers": 2,
 }
@@ -411,16 +413,31 @@ VLLM_QUOTED = [
 # few times the floor (decode 1.1x batched, MLA 1.8x to 27x, prefill 3-7x, SDPA 1.3-1.6x: issue 14), a decode launch
 # pair (decode + merge) about 12 us however small (paged_h200_2026-12-01 decode_split), a replay's L2 flush and sync.
 H200_COPY_BPS, H200_MM_FLOPS = 4.28e12, 7.9e14
-# --prefill-sweep: the prefill kernels' configs around their (untuned) defaults, timed on every prefill cell of
-# their family. MLA's rows stop at 32: each row carries a 512-wide float32 accumulator.
-PREFILL_SWEEP = {
+# --config-sweep: configs around each kernel's defaults, timed on the cells `swept` picks. MLA prefill's rows stop at
+# 32: each row carries a 512-wide float32 accumulator. MLA decode at 128 heads is compute-bound: head blocks of 32
+# and 64 run its products on wider tensor-core tiles (a [64, 512] float32 accumulator needs 8 warps' registers).
+CONFIG_SWEEP = {
     PREFILL: [{"rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages, "split_causal": split}
               for rows in (64, 128) for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)
               for split in (False, True)],
     MLA_PREFILL: [{"rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages}
                   for rows in (16, 32) for block_n in (16, 32, 64) for warps in (4, 8) for stages in (2, 3)],
+    MLA_DECODE: [{**mla.DEFAULT_CONFIG, "head_block": hb, "block_n": block_n, "num_warps": warps,
+                  "maxnreg": mla.DEFAULT_CONFIG["maxnreg"] if hb == 16 else None}
+                 for hb in (16, 32, 64) for block_n in (16, 32, 64) for warps in (4, 8)],
 }
-PREFILL_DEFAULTS = {PREFILL: prefill.CONFIG, MLA_PREFILL: mla.PREFILL_CONFIG}
+SWEEP_DEFAULTS = {PREFILL: prefill.CONFIG, MLA_PREFILL: mla.PREFILL_CONFIG, MLA_DECODE: mla.DEFAULT_CONFIG}
+
+
+def swept(c, g):
+    """Whether --config-sweep times configs on cell c: every prefill cell; MLA decode's 128-head 4K cells of 32 and
+    256 sequences (each batch size compiles its own variants: two keep the sweep's cost down)."""
+    if c.family == MLA_DECODE:
+        return c.q_heads == g["mla_heads"][1] and c.batch in g["swept_mla_batches"] \
+            and c.context == g["contexts"][1]
+    return c.family in (PREFILL, MLA_PREFILL)
+
+
 EXPECTED_X = {MLA_DECODE: 4.0, DECODE: 1.5, PREFILL: 4.0 + 1.5, MLA_PREFILL: 7.0 + 1.6}  # prefill: ours + SDPA
 LAUNCH_MS, REPLAY_OVERHEAD_MS, FILL_BPS = 0.012, 0.2, 1e12
 # imports, CUDA and the two rates; a cell's set-up (tables, capture, empty_cache); one kernel variant; one fp32 check
@@ -604,8 +621,15 @@ def mla_decode_cell(c, layers, gen):
     table, seq_lens, num_blocks = paged_batch(c, gen)
     caches = [bf16(num_blocks, BLOCK, c.head_dim + c.rope) for _ in range(layers)]
     (q_lat, q_pe, out), scale = mla_queries(c), (128 + 64) ** -0.5
+    def step_with(cfg):
+        return lambda: [mla.mla_decode(q_lat, q_pe, cache, table, seq_lens, scale, out=out, config=cfg)
+                        for cache in caches]
+
     return {"step": lambda: [kernels.mla_decode(q_lat, q_pe, cache, table, seq_lens, scale, out=out)
                              for cache in caches],
+            "with_config": step_with,
+            "output_with": lambda cfg: mla.mla_decode(q_lat, q_pe, caches[0], table, seq_lens, scale,
+                                                      out=poisoned(out), config=cfg),
             "output": lambda: kernels.mla_decode(q_lat, q_pe, caches[0], table, seq_lens, scale, out=poisoned(out)),
             "reference": lambda: reference.mla_decode(q_lat.float(), q_pe.float(), caches[0].float(), table,
                                                       seq_lens, scale)}
@@ -625,6 +649,8 @@ def prefill_cell(c, layers, gen):
     return {"step": ours, "output": ours,
             "with_config": lambda cfg: lambda: prefill.paged_prefill(q, k, v, table, cu, seq_lens, scale,
                                                                      max_q_len=c.new, config=cfg),
+            "output_with": lambda cfg: prefill.paged_prefill(q, k, v, table, cu, seq_lens, scale, max_q_len=c.new,
+                                                             config=cfg),
             "reference": lambda: reference.paged_prefill(q.float(), k.float(), v.float(), table, cu, seq_lens, scale),
             "sdpa": lambda: causal_sdpa(q4, kc, vc, scale),
             "sdpa_as_ours": lambda o: o.transpose(1, 2).reshape(q.shape)}
@@ -642,6 +668,8 @@ def mla_prefill_cell(c, layers, gen):
     return {"step": lambda: kernels.mla_prefill(q_lat, q_pe, cache, table, cu, seq_lens, scale, c.new, out=out),
             "with_config": lambda cfg: lambda: mla.mla_prefill(q_lat, q_pe, cache, table, cu, seq_lens, scale, c.new,
                                                                out=out, config=cfg),
+            "output_with": lambda cfg: mla.mla_prefill(q_lat, q_pe, cache, table, cu, seq_lens, scale, c.new,
+                                                       out=poisoned(out), config=cfg),
             "output": lambda: kernels.mla_prefill(q_lat, q_pe, cache, table, cu, seq_lens, scale, c.new,
                                                   out=poisoned(out)),
             "reference": lambda: reference.mla_prefill(q_lat.float(), q_pe.float(), cache.float(), table, cu,
@@ -698,14 +726,15 @@ def cell_row(c, g, bandwidth, rate):
     return row
 
 
-def sweep_configs(with_config, variants, out, floor, replays):
-    """Each config variant: its output against the default's (already checked), then its time."""
+def sweep_configs(build, variants, out, floor, replays, layers):
+    """Each config variant: its output against the default's (already checked), then its time (per layer, as the
+    default's)."""
     rows = []
     for cfg in variants:
         row = dict(cfg)
         try:
-            row["rel_err_vs_default"] = rel_err(with_config(cfg)(), out)
-            row["ms"] = bench_graph(with_config(cfg), replays)
+            row["rel_err_vs_default"] = rel_err(build["output_with"](cfg), out)
+            row["ms"] = bench_graph(build["with_config"](cfg), replays) / layers
             row["x_floor"] = row["ms"] / floor
         except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: recorded, the next variant runs
             row["error"] = repr(e)[:300]
@@ -713,7 +742,7 @@ def sweep_configs(with_config, variants, out, floor, replays):
     return rows
 
 
-def run_grid_cell(c, g, bandwidth, rate, gen, sweep=False):
+def run_grid_cell(c, g, bandwidth, rate, gen, config_sweep=False):
     row = cell_row(c, g, bandwidth, rate)
     layers, floor = row["layers"], row["floor_ms"]
     build = BUILDERS[c.family](c, layers, gen)
@@ -724,8 +753,8 @@ def run_grid_cell(c, g, bandwidth, rate, gen, sweep=False):
     replays = replays_for(floor * layers)
     row["ms"] = bench_graph(build["step"], replays) / layers
     row["x_floor"] = row["ms"] / floor
-    if sweep and "with_config" in build:
-        row["sweep"] = sweep_configs(build["with_config"], PREFILL_SWEEP[c.family], out, floor, replays)
+    if config_sweep and swept(c, g):
+        row["sweep"] = sweep_configs(build, CONFIG_SWEEP[c.family], out, floor, replays, layers)
     if "sdpa" in build:
         try:
             row["sdpa"], sdpa_out = time_sdpa(build["sdpa"], floor, replays)
@@ -759,7 +788,7 @@ def run_grid(args, g, env, t0):
             continue
         started = time.time()
         try:
-            row = {**run_grid_cell(c, g, bandwidth, rate, gen, args.prefill_sweep), "status": "ok"}
+            row = {**run_grid_cell(c, g, bandwidth, rate, gen, args.config_sweep), "status": "ok"}
         except Exception as e:  # noqa: BLE001 - out of memory, a compile error: recorded, the grid goes on
             row = {**cell_row(c, g, bandwidth, rate), "status": "error", "error": repr(e)[:300]}
         row["seconds"] = time.time() - started
@@ -862,16 +891,16 @@ def grid_report(rows, g, bandwidth, rate):
         decode_table(rows, family, g)
     log("")
     prefill_table(rows, g)
-    for family in (PREFILL, MLA_PREFILL):
+    for family in CONFIG_SWEEP:
         if any("sweep" in r and r["family"] == family for r in rows):
             log("")
-            prefill_sweep_table([r for r in rows if "sweep" in r and r["family"] == family], family)
+            config_sweep_table([r for r in rows if "sweep" in r and r["family"] == family], family)
 
 
-def prefill_sweep_table(swept, family):
-    """--prefill-sweep: each config's x floor on every swept cell of one kernel, the best worst case first (a config
+def config_sweep_table(swept, family):
+    """--config-sweep: each config's x floor on every swept cell of one kernel, the best worst case first (a config
     that failed, or whose output differs from the default's, counts as infinitely slow)."""
-    fields = list(PREFILL_DEFAULTS[family])
+    fields = list(SWEEP_DEFAULTS[family])
     by_cfg = {}
     for r in swept:
         for v in r["sweep"]:
@@ -886,7 +915,7 @@ def prefill_sweep_table(swept, family):
     def shown(value, width):
         return f"{value:{width}.2f}" if value != math.inf else f"{'err':>{width}s}"
 
-    log(f"{family} configs (default {PREFILL_DEFAULTS[family]}), x floor per cell, best worst case first; "
+    log(f"{family} configs (default {SWEEP_DEFAULTS[family]}), x floor per cell, best worst case first; "
         "err: failed or differs from the default's output")
     log(" ".join(f"{k[:8]:>8s}" for k in fields) + "".join(f"{r['name'][:20]:>22s}" for r in swept) + f"{'worst':>8s}")
     for key, cells in sorted(by_cfg.items(), key=lambda kv: worst(kv[1])):
@@ -895,15 +924,16 @@ def prefill_sweep_table(swept, family):
 
 
 def dry_run_shapes():
-    global DEVICE, DECODE_SHAPES, MLA_SHAPE, DECODE_SWEEP, MLA_SWEEP, HEAD_DIM, PREFILL_SWEEP
+    global DEVICE, DECODE_SHAPES, MLA_SHAPE, DECODE_SWEEP, MLA_SWEEP, HEAD_DIM, CONFIG_SWEEP
     DEVICE, HEAD_DIM = "cpu", 32
     DECODE_SHAPES = [(n, 2, 40, hq // 4, hkv // 4 if hkv > 4 else 1, mixed)
                      for n, _, _, hq, hkv, mixed in DECODE_SHAPES]
     MLA_SHAPE = (MLA_SHAPE[0], 2, 40, 16, 64, 16)
     DECODE_SWEEP, MLA_SWEEP = DECODE_SWEEP[:1], MLA_SWEEP[:1]
-    PREFILL_SWEEP = {PREFILL: [{**prefill.CONFIG, **prefill.CPU_CONFIG, "split_causal": split}
-                               for split in (False, True)],
-                     MLA_PREFILL: [{**mla.PREFILL_CONFIG, **mla.CPU_PREFILL_TILES}]}
+    CONFIG_SWEEP = {PREFILL: [{**prefill.CONFIG, **prefill.CPU_CONFIG, "split_causal": split}
+                              for split in (False, True)],
+                    MLA_PREFILL: [{**mla.PREFILL_CONFIG, **mla.CPU_PREFILL_TILES}],
+                    MLA_DECODE: [{**mla.DEFAULT_CONFIG, "head_block": 32}]}
 
 
 def main():
@@ -912,15 +942,15 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
     parser.add_argument("--grid", action="store_true", help="issue 14's grid: every kernel on every shape")
-    parser.add_argument("--prefill-sweep", action="store_true",
-                        help="--grid also times the prefill kernels' configs (PREFILL_SWEEP) on their prefill cells")
+    parser.add_argument("--config-sweep", action="store_true",
+                        help="--grid also times kernel configs (CONFIG_SWEEP) on the cells swept() picks")
     parser.add_argument("--max-seconds", type=float, default=480,
                         help="--grid starts no cell past this many seconds from the start (default 480)")
     args = parser.parse_args()
     if args.grid and args.sweep:
         parser.error("--sweep times the default shapes' configs: run it without --grid")
-    if args.prefill_sweep and not args.grid:
-        parser.error("--prefill-sweep times the grid's prefill cells: run it with --grid")
+    if args.config_sweep and not args.grid:
+        parser.error("--config-sweep times configs on the grid's cells: run it with --grid")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     if args.dry_run:

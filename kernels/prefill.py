@@ -22,7 +22,7 @@ fix_triton_interpreter()
 LOG2E = 1.4426950408889634
 # On the GPU: query rows (tokens x heads in the group) per program, keys per loop step, warps, pipeline depth, and
 # whether the tiles below the causal diagonal skip the mask. Untuned: benchmarks/kernels_h200.py --grid
-# --prefill-sweep times the variants around it (issue 14).
+# --config-sweep times the variants around it (issue 14).
 CONFIG = {"rows": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "split_causal": False}
 CPU_CONFIG = {"rows": 16, "block_n": 16}  # the interpreter: small tiles run faster
 
