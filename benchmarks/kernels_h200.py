@@ -30,11 +30,10 @@ after every cell. Estimated H200 wall time of the 99 cells: about 3 min (estimat
 42 Triton compiles at ~2 s, 0.5 s of set-up a cell, 13 s of replays, 10 s of fp32 checks), so the grid
 is not trimmed; the budget's default leaves the 10-minute device call 2 minutes of margin.
 
---config-sweep also times kernel configs on some grid cells, each variant checked against the default's output, and
-prints a table per kernel, best worst case first: the prefill kernels' configs (CONFIG_SWEEP: 48 dense, 24 MLA) on
-every prefill cell, and MLA decode's head block, tile and warps (18) on two batched 128-head 4K cells, where the
-work is compute-bound. Estimated at about 5 more minutes (~110 compiles at ~2 s, ~100 s of replays), so the swept
-cells (issue 14's rows come first) get their sweep before --max-seconds stops the grid.
+--config-sweep also times kernel configs (SWEEPS) on some grid cells, each variant checked against the default's
+output, and prints a table per sweep, best worst case first: dense prefill's (32) and MLA prefill's (8) on every
+prefill cell, MLA decode's (8 at 16 heads, 16 at 128) at 4K for 32 and 256 sequences and on the 64K sequence.
+Estimated at about 4 more minutes (~110 compiles at ~2 s, ~60 s of replays).
 """
 import argparse
 import datetime
@@ -413,29 +412,41 @@ VLLM_QUOTED = [
 # few times the floor (decode 1.1x batched, MLA 1.8x to 27x, prefill 3-7x, SDPA 1.3-1.6x: issue 14), a decode launch
 # pair (decode + merge) about 12 us however small (paged_h200_2026-12-01 decode_split), a replay's L2 flush and sync.
 H200_COPY_BPS, H200_MM_FLOPS = 4.28e12, 7.9e14
-# --config-sweep: configs around each kernel's defaults, timed on the cells `swept` picks. MLA prefill's rows stop at
-# 32: each row carries a 512-wide float32 accumulator. MLA decode at 128 heads is compute-bound: head blocks of 32
-# and 64 run its products on wider tensor-core tiles (a [64, 512] float32 accumulator needs 8 warps' registers).
-CONFIG_SWEEP = {
-    PREFILL: [{"rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages, "split_causal": split}
-              for rows in (64, 128) for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)
-              for split in (False, True)],
-    MLA_PREFILL: [{"rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages}
-                  for rows in (16, 32) for block_n in (16, 32, 64) for warps in (4, 8) for stages in (2, 3)],
-    MLA_DECODE: [{**mla.DEFAULT_CONFIG, "head_block": hb, "block_n": block_n, "num_warps": warps,
-                  "maxnreg": mla.DEFAULT_CONFIG["maxnreg"] if hb == 16 else None}
-                 for hb in (16, 32, 64) for block_n in (16, 32, 64) for warps in (4, 8)],
+# --config-sweep: configs around each kernel's defaults, timed on the cells `sweep_of` picks. 2026-12-01's first
+# sweep (kernels_h200_2026-12-01_nvidia-h200_grid) chose today's defaults; this one times what it left open: a query
+# head per program for dense prefill, tiles around MLA prefill's and 128-head decode's new defaults, and how many tiles
+# a range holds at least (min_tiles) for 16-head MLA decode now that the merge of many partials is parallel.
+MLA_DECODE_16, MLA_DECODE_MANY = "MLA decode, 16 heads", "MLA decode, 128 heads"
+SWEEPS = {  # name: (the default it varies, the configs)
+    PREFILL: (prefill.CONFIG, [
+        {**prefill.CONFIG, "rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages,
+         "one_head_per_program": one_head}
+        for one_head in (False, True) for rows in (64, 128) for block_n in (64, 128) for warps in (4, 8)
+        for stages in (2, 3)]),
+    MLA_PREFILL: (mla.PREFILL_CONFIG, [
+        {"rows": 32, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+        for block_n in (64, 128) for warps in (4, 8) for stages in (1, 2)]),
+    MLA_DECODE_16: (mla.DEFAULT_CONFIG, [
+        {**mla.DEFAULT_CONFIG, "block_n": block_n, "min_tiles": min_tiles}
+        for block_n in (32, 64) for min_tiles in (1, 2, 4, 8)]),
+    MLA_DECODE_MANY: (mla.MANY_HEADS_CONFIG, [
+        {**mla.MANY_HEADS_CONFIG, "head_block": hb, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+        for hb, block_ns, warps_ in ((32, (32, 64, 128), (4, 8)), (64, (32, 64), (8,)))
+        for block_n in block_ns for warps in warps_ for stages in (1, 2)]),
 }
-SWEEP_DEFAULTS = {PREFILL: prefill.CONFIG, MLA_PREFILL: mla.PREFILL_CONFIG, MLA_DECODE: mla.DEFAULT_CONFIG}
 
 
-def swept(c, g):
-    """Whether --config-sweep times configs on cell c: every prefill cell; MLA decode's 128-head 4K cells of 32 and
-    256 sequences (each batch size compiles its own variants: two keep the sweep's cost down)."""
-    if c.family == MLA_DECODE:
-        return c.q_heads == g["mla_heads"][1] and c.batch in g["swept_mla_batches"] \
-            and c.context == g["contexts"][1]
-    return c.family in (PREFILL, MLA_PREFILL)
+def sweep_of(c, g):
+    """The sweep --config-sweep runs on cell c, or None: every prefill cell; MLA decode at 4K for the batches in
+    swept_mla_batches (each batch size compiles its own variants: two keep the cost down), and one 64K sequence."""
+    if c.family in (PREFILL, MLA_PREFILL):
+        return c.family
+    if c.family != MLA_DECODE:
+        return None
+    many = c.q_heads > 16
+    if c.context == g["contexts"][1] and c.batch in g["swept_mla_batches"] or not many and c.context == g["long_mla"]:
+        return MLA_DECODE_MANY if many else MLA_DECODE_16
+    return None
 
 
 EXPECTED_X = {MLA_DECODE: 4.0, DECODE: 1.5, PREFILL: 4.0 + 1.5, MLA_PREFILL: 7.0 + 1.6}  # prefill: ours + SDPA
@@ -753,8 +764,10 @@ def run_grid_cell(c, g, bandwidth, rate, gen, config_sweep=False):
     replays = replays_for(floor * layers)
     row["ms"] = bench_graph(build["step"], replays) / layers
     row["x_floor"] = row["ms"] / floor
-    if config_sweep and swept(c, g):
-        row["sweep"] = sweep_configs(build, CONFIG_SWEEP[c.family], out, floor, replays, layers)
+    name = sweep_of(c, g) if config_sweep else None
+    if name:
+        row["sweep_name"] = name
+        row["sweep"] = sweep_configs(build, SWEEPS[name][1], out, floor, replays, layers)
     if "sdpa" in build:
         try:
             row["sdpa"], sdpa_out = time_sdpa(build["sdpa"], floor, replays)
@@ -891,16 +904,16 @@ def grid_report(rows, g, bandwidth, rate):
         decode_table(rows, family, g)
     log("")
     prefill_table(rows, g)
-    for family in CONFIG_SWEEP:
-        if any("sweep" in r and r["family"] == family for r in rows):
+    for name in SWEEPS:
+        if any(r.get("sweep_name") == name for r in rows):
             log("")
-            config_sweep_table([r for r in rows if "sweep" in r and r["family"] == family], family)
+            config_sweep_table([r for r in rows if r.get("sweep_name") == name], name)
 
 
-def config_sweep_table(swept, family):
+def config_sweep_table(swept, name):
     """--config-sweep: each config's x floor on every swept cell of one kernel, the best worst case first (a config
     that failed, or whose output differs from the default's, counts as infinitely slow)."""
-    fields = list(SWEEP_DEFAULTS[family])
+    fields = list(SWEEPS[name][0])
     by_cfg = {}
     for r in swept:
         for v in r["sweep"]:
@@ -915,7 +928,7 @@ def config_sweep_table(swept, family):
     def shown(value, width):
         return f"{value:{width}.2f}" if value != math.inf else f"{'err':>{width}s}"
 
-    log(f"{family} configs (default {SWEEP_DEFAULTS[family]}), x floor per cell, best worst case first; "
+    log(f"{name} configs (default {SWEEPS[name][0]}), x floor per cell, best worst case first; "
         "err: failed or differs from the default's output")
     log(" ".join(f"{k[:8]:>8s}" for k in fields) + "".join(f"{r['name'][:20]:>22s}" for r in swept) + f"{'worst':>8s}")
     for key, cells in sorted(by_cfg.items(), key=lambda kv: worst(kv[1])):
@@ -924,16 +937,13 @@ def config_sweep_table(swept, family):
 
 
 def dry_run_shapes():
-    global DEVICE, DECODE_SHAPES, MLA_SHAPE, DECODE_SWEEP, MLA_SWEEP, HEAD_DIM, CONFIG_SWEEP
+    global DEVICE, DECODE_SHAPES, MLA_SHAPE, DECODE_SWEEP, MLA_SWEEP, HEAD_DIM, SWEEPS
     DEVICE, HEAD_DIM = "cpu", 32
     DECODE_SHAPES = [(n, 2, 40, hq // 4, hkv // 4 if hkv > 4 else 1, mixed)
                      for n, _, _, hq, hkv, mixed in DECODE_SHAPES]
     MLA_SHAPE = (MLA_SHAPE[0], 2, 40, 16, 64, 16)
     DECODE_SWEEP, MLA_SWEEP = DECODE_SWEEP[:1], MLA_SWEEP[:1]
-    CONFIG_SWEEP = {PREFILL: [{**prefill.CONFIG, **prefill.CPU_CONFIG, "split_causal": split}
-                              for split in (False, True)],
-                    MLA_PREFILL: [{**mla.PREFILL_CONFIG, **mla.CPU_PREFILL_TILES}],
-                    MLA_DECODE: [{**mla.DEFAULT_CONFIG, "head_block": 32}]}
+    SWEEPS = {name: (default, configs[:1] + configs[-1:]) for name, (default, configs) in SWEEPS.items()}
 
 
 def main():
@@ -943,7 +953,7 @@ def main():
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
     parser.add_argument("--grid", action="store_true", help="issue 14's grid: every kernel on every shape")
     parser.add_argument("--config-sweep", action="store_true",
-                        help="--grid also times kernel configs (CONFIG_SWEEP) on the cells swept() picks")
+                        help="--grid also times kernel configs (SWEEPS) on the cells sweep_of() picks")
     parser.add_argument("--max-seconds", type=float, default=480,
                         help="--grid starts no cell past this many seconds from the start (default 480)")
     args = parser.parse_args()
@@ -961,7 +971,9 @@ def main():
         name, sms = props.name, props.multi_processor_count
     env = {"date": datetime.date.today().isoformat(), "device": name, "sms": sms,
            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-           "defaults": {"decode": decode.DEFAULT_CONFIG, "mla": mla.DEFAULT_CONFIG, "prefill": prefill.CONFIG}}
+           "defaults": {"decode": decode.DEFAULT_CONFIG, "mla": mla.DEFAULT_CONFIG,
+                        "mla_many_heads": mla.MANY_HEADS_CONFIG, "mla_prefill": mla.PREFILL_CONFIG,
+                        "prefill": prefill.CONFIG}}
     log("env", json.dumps(env))
     torch.manual_seed(0)
     if args.grid:

@@ -6,9 +6,12 @@ each attends to the cached prefix in full and causally within the new chunk. A p
 is the case prefix = 0; a decode step is q_len = 1.
 
 One program takes BLOCK_Q new tokens of one sequence times the query heads of one KV head:
-its rows are (token, head-in-group) pairs, so one K/V tile serves the whole group. With
-split_causal, the key tiles that every row of the program sees in full (those before its first
-token's position) run without the causal mask, and only the tiles on the diagonal apply it.
+its rows are (token, head-in-group) pairs, so one K/V tile serves the whole group (a group of 7
+is padded to 8 rows a token). With one_head_per_program, a program's rows are BLOCK_Q tokens of
+one query head instead: no padding, and the group's programs read the same K/V tiles (from L2,
+the work is compute-bound). With split_causal, the key tiles that every row of the program sees
+in full (those before its first token's position) run without the causal mask, and only the
+tiles on the diagonal apply it.
 """
 import torch
 import triton
@@ -20,10 +23,13 @@ from .decode import attend_more_tokens, attend_tokens
 fix_triton_interpreter()
 
 LOG2E = 1.4426950408889634
-# On the GPU: query rows (tokens x heads in the group) per program, keys per loop step, warps, pipeline depth, and
-# whether the tiles below the causal diagonal skip the mask. Untuned: benchmarks/kernels_h200.py --grid
-# --config-sweep times the variants around it (issue 14).
-CONFIG = {"rows": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "split_causal": False}
+# On the GPU: query rows per program (tokens x heads in the group, or tokens of one head), keys per loop step, warps,
+# pipeline depth, whether the tiles below the causal diagonal skip the mask, and whether a program takes one query
+# head. From benchmarks/kernels_h200.py --grid --config-sweep on the H200 (2026-12-01, kernels_h200_*_grid): of 48
+# configs of the grouped rows, this was fastest on one 32K prompt (1.99x of the FLOP floor against 2.99x before:
+# split_causal is most of it) and within 0.06x of the best on every other prefill cell.
+CONFIG = {"rows": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "split_causal": True,
+          "one_head_per_program": False}
 CPU_CONFIG = {"rows": 16, "block_n": 16}  # the interpreter: small tiles run faster
 
 
@@ -49,17 +55,24 @@ def _prefill(
     stride_v_block, stride_v_tok, stride_v_head,
     stride_bt_seq,
     stride_o_tok, stride_o_head,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    GROUP: tl.constexpr, HEADS_PER_TOKEN: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    kv_head = tl.program_id(1)
-    seq, q_start, q_len, prefix, tok, in_group = prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, BLOCK_Q, GROUP_PAD)
+    """Grid axis 1: KV heads (HEADS_PER_TOKEN rows a token: the group, padded) or query heads (1 row a token)."""
+    if HEADS_PER_TOKEN == 1:
+        kv_head = tl.program_id(1) // GROUP
+        first_head = tl.program_id(1)
+    else:
+        kv_head = tl.program_id(1)
+        first_head = kv_head * GROUP
+    seq, q_start, q_len, prefix, tok, in_group = prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, BLOCK_Q,
+                                                              HEADS_PER_TOKEN)
     if tl.program_id(0) * BLOCK_Q >= q_len:
         return
     row_mask = (tok < q_len) & (in_group < GROUP)
-    heads = kv_head * GROUP + in_group
+    heads = first_head + in_group
     dims = tl.arange(0, HEAD_DIM_PAD)
     dim_mask = dims < HEAD_DIM
     q_off = (q_start + tok).to(tl.int64)[:, None] * stride_q_tok + heads[:, None] * stride_q_head + dims[None, :]
@@ -73,7 +86,7 @@ def _prefill(
         masked_from = (prefix + tl.program_id(0) * BLOCK_Q) // BLOCK_N * BLOCK_N
     m, l, acc = attend_tokens(q, k_ptr, v_ptr, bt_row, kv_head, 0, masked_from, qk_scale,
                               stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
-                              stride_v_head, q_pos, BLOCK_Q * GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N,
+                              stride_v_head, q_pos, BLOCK_Q * HEADS_PER_TOKEN, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N,
                               False, DOT_PRECISION, UPCAST)
     m, l, acc = attend_more_tokens(m, l, acc, q, k_ptr, v_ptr, bt_row, kv_head, masked_from, kv_end, qk_scale,
                                    stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
@@ -99,10 +112,10 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
     if max_q_len is None:
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     group = num_q_heads // num_kv_heads
-    group_pad = next_pow2(group)
     cfg = {**CONFIG, **(CPU_CONFIG if q.device.type == "cpu" else {}), **(config or {})}
-    block_q = max(1, cfg["rows"] // group_pad)
-    grid = (triton.cdiv(max_q_len, block_q), num_kv_heads, num_seqs)
+    heads_per_token = 1 if cfg["one_head_per_program"] else next_pow2(group)
+    block_q = max(1, cfg["rows"] // heads_per_token)
+    grid = (triton.cdiv(max_q_len, block_q), num_q_heads if heads_per_token == 1 else num_kv_heads, num_seqs)
     _prefill[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out,
         scale * LOG2E,
@@ -111,7 +124,7 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_table.stride(0),
         out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=group_pad,
+        GROUP=group, HEADS_PER_TOKEN=heads_per_token,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=cfg["block_n"], SPLIT_CAUSAL=cfg["split_causal"],
         DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(q),

@@ -19,7 +19,7 @@ Every program sums seq_lens itself: no host sync.
 import triton
 import triton.language as tl
 
-from .dispatch import next_pow2
+from .dispatch import next_pow2, sm_count
 
 # Integer arguments that change from step to step (how many sequences, the grid, an eager step's block-table width):
 # Triton would compile a variant for each value equal to 1 or divisible by 16 it meets, inside the timed run where the
@@ -27,7 +27,12 @@ from .dispatch import next_pow2
 # benchmarks/results/triton_compiles_2026-12-01_nvidia-h200_cold-cache.jsonl). Not specialized: one variant each.
 RUN_TIME_INTS = ["num_seqs", "num_programs", "stride_bt_seq"]
 COMBINE_DIM_BLOCK = 64  # output columns per combine program: more programs, a small [J, rows, 64] tile
-COMBINE_J_BLOCK = 8  # partials merged per step
+COMBINE_J_BLOCK = 8  # partials merged per step, all the unit's rows at once
+# A few sequences cut into hundreds of ranges (one long sequence) leave a grid of (sequence, unit, column block) too
+# few programs to merge them: on the H200 one 64K MLA sequence's 396 partials took 8 programs ~190 us. Below this
+# many programs per multiprocessor the combine takes ROW_BLOCK rows per program instead, J_SPLIT partials a step.
+COMBINE_PROGRAMS_PER_SM = 4
+COMBINE_ROW_BLOCK, COMBINE_J_SPLIT = 2, 32
 
 
 @triton.jit
@@ -93,35 +98,36 @@ def store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, hea
 def combine_cut_units(
     part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_seqs, num_programs,
     stride_o_seq, stride_o_head,
-    NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROWS_PAD: tl.constexpr,
+    NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
     J_BLOCK: tl.constexpr, MIN_TILES: tl.constexpr,
 ):
-    """Grid (sequence, unit, DIM_BLOCK columns). If range boundaries cut the sequence in this unit,
-    merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
-    programs' partials per step, into the output rows of the unit's ROWS heads. Whole ones were
+    """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
+    unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
+    programs' partials per step, into the output of ROW_BLOCK of the unit's ROWS heads. Whole ones were
     written already; empty sequences get zeros here."""
     seq = tl.program_id(0)
-    unit = tl.program_id(1)
+    row_blocks = tl.cdiv(ROWS, ROW_BLOCK)
+    unit = tl.program_id(1) // row_blocks
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
     ranges = line_ranges(num_programs, UNITS, total, MIN_TILES)
     n = tl.sum(tl.where(seqs == seq, tiles, 0), 0)
-    rows = tl.arange(0, ROWS_PAD)
+    rows = tl.program_id(1) % row_blocks * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
     heads = unit * ROWS + rows
     row_mask = (rows < ROWS) & (heads < NUM_HEADS)
     dims = tl.program_id(2) * DIM_BLOCK + tl.arange(0, DIM_BLOCK)
     mask = row_mask[:, None] & (dims < HEAD_DIM)[None, :]
     o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
     if n == 0:
-        tl.store(o_ptrs, tl.zeros([ROWS_PAD, DIM_BLOCK], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(o_ptrs, tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
     else:
         seq_end = tl.sum(tl.where(seqs == seq, ends, 0), 0)
         j_first = program_of(seq_end - n, ranges, total)
         j_last = program_of(seq_end - 1, ranges, total)
         if j_first != j_last:
-            m = tl.full([ROWS_PAD], float("-inf"), tl.float32)
-            w = tl.zeros([ROWS_PAD], tl.float32)
-            acc = tl.zeros([ROWS_PAD, DIM_BLOCK], tl.float32)
+            m = tl.full([ROW_BLOCK], float("-inf"), tl.float32)
+            w = tl.zeros([ROW_BLOCK], tl.float32)
+            acc = tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32)
             for j0 in range(j_first, j_last + 1, J_BLOCK):
                 js = j0 + tl.arange(0, J_BLOCK)
                 slot = (js == j_first).to(tl.int32)  # the first program holds the sequence's start in slot 1
@@ -143,13 +149,18 @@ def combine_cut_units(
 
 def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
                    seqs_pad, min_tiles=1):
-    """Launch combine_cut_units over every (sequence, unit, column block)."""
+    """Launch combine_cut_units over every (sequence, unit, column block), the unit's rows split over programs
+    where that grid would leave the GPU mostly idle (few sequences)."""
     dim_block = min(COMBINE_DIM_BLOCK, max(16, next_pow2(head_dim)))
     num_seqs = seq_lens.shape[0]
-    combine_cut_units[(num_seqs, units, triton.cdiv(head_dim, dim_block))](
+    col_blocks = triton.cdiv(head_dim, dim_block)
+    row_block, j_block = max(2, next_pow2(rows)), COMBINE_J_BLOCK  # ROW_BLOCK 1 would be a different tl.arange
+    if num_seqs * units * col_blocks < COMBINE_PROGRAMS_PER_SM * sm_count(out.device):
+        row_block, j_block = min(row_block, COMBINE_ROW_BLOCK), COMBINE_J_SPLIT
+    combine_cut_units[(num_seqs, units * triton.cdiv(rows, row_block), col_blocks)](
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROWS_PAD=max(2, next_pow2(rows)),
-        HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=COMBINE_J_BLOCK,
+        NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
+        HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
         MIN_TILES=min_tiles,
         num_warps=4,
     )

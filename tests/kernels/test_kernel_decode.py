@@ -64,14 +64,20 @@ def test_any_split_of_the_work_gives_the_same_answer(num_programs, min_tiles):
     assert torch.equal(out[1], torch.zeros_like(out[1]))  # nothing cached: zeros, not NaN
 
 
-def test_one_long_sequence_merged_from_more_partials_than_a_combine_step_takes():
-    """One sequence cut over 20 programs per KV head: the combine merges them in several steps of
-    work_split.COMBINE_J_BLOCK, and an idle program past the line's tiles changes nothing."""
-    from kernels.work_split import COMBINE_J_BLOCK
+@pytest.mark.parametrize("rows_split", [False, True], ids=["all-rows", "row-blocks"])
+@pytest.mark.parametrize("ratio", [4, 7])
+def test_one_long_sequence_merged_from_more_partials_than_a_combine_step_takes(monkeypatch, ratio, rows_split):
+    """One sequence cut over 20 programs per KV head: the combine merges them in several steps of J partials, and
+    an idle program past the line's tiles changes nothing. Both combine layouts: every row of a unit in one program
+    (many sequences), and blocks of two rows per program (few sequences; 7 rows leave the last block half empty)."""
+    from kernels import work_split
 
-    case = make_case(3, 8, 8, 2, lengths=[16 * 20 + 3])  # 21 tiles of 16 keys on the CPU
-    assert 20 > 2 * COMBINE_J_BLOCK
-    for num_programs in (2 * 20, 2 * 30):
+    monkeypatch.setattr(work_split, "COMBINE_PROGRAMS_PER_SM", 10**6 if rows_split else 0)
+    monkeypatch.setattr(work_split, "COMBINE_J_SPLIT", 8)  # the GPU's 32 would take 20 partials in one step
+    assert 20 > 2 * work_split.COMBINE_J_BLOCK
+    q_heads, kv_heads = RATIOS[ratio]
+    case = make_case(3, 8, q_heads, kv_heads, lengths=[16 * 20 + 3])  # 21 tiles of 16 keys on the CPU
+    for num_programs in (kv_heads * 20, kv_heads * 30):
         assert_close(paged_decode(*case, out=poisoned(case[0]), num_programs=num_programs), fp32_reference(*case))
 
 

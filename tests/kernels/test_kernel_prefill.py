@@ -44,9 +44,12 @@ def test_chunked_prefill_half_precision(dtype, ratio):
     assert_close(paged_prefill(*case, out=poisoned(case[0])), fp32_reference(*case))
 
 
-@pytest.mark.parametrize("config", [{"split_causal": True}, {"split_causal": True, "rows": 32, "block_n": 32}])
-@pytest.mark.parametrize("ratio", [1, 7])
-def test_split_causal_runs_the_tiles_below_the_diagonal_unmasked(ratio, config):
+@pytest.mark.parametrize("config", [{"split_causal": False}, {"split_causal": True},
+                                    {"split_causal": True, "rows": 32, "block_n": 32},
+                                    {"split_causal": True, "one_head_per_program": True},
+                                    {"split_causal": False, "one_head_per_program": True, "rows": 8}])
+@pytest.mark.parametrize("ratio", [1, 4, 7])
+def test_every_layout_and_causal_split_gives_the_answer(ratio, config):
     # long enough that a program's first row sits past whole key tiles: after a cached prefix of 40 tokens
     # and within a 50-token prompt, and a tile boundary that falls inside the 16-token blocks
     case = make_case(20 + ratio, 16, *RATIOS[ratio], prefixes=[0, 40, 3], new=[50, 21, 2])
