@@ -30,10 +30,11 @@ after every cell. Estimated H200 wall time of the 99 cells: about 3 min (estimat
 42 Triton compiles at ~2 s, 0.5 s of set-up a cell, 13 s of replays, 10 s of fp32 checks), so the grid
 is not trimmed; the budget's default leaves the 10-minute device call 2 minutes of margin.
 
---config-sweep also times kernel configs (SWEEPS) on some grid cells, each variant checked against the default's
-output, and prints a table per sweep, best worst case first: dense prefill's (32) and MLA prefill's (8) on every
-prefill cell, MLA decode's (8 at 16 heads, 16 at 128) at 4K for 32 and 256 sequences and on the 64K sequence.
-Estimated at about 4 more minutes (~110 compiles at ~2 s, ~60 s of replays).
+--config-sweep [SWEEP ...] also times kernel configs (SWEEPS, every one unless named) on some grid cells, each
+variant checked against the default's output, and prints a table per sweep, best worst case first: dense prefill's
+(32), MLA prefill's absorbed (8) and decompressed (24) on their prefill cells, MLA decode's (8 at 16 heads, 16 at 128)
+at 4K for 32 and 256 sequences and on the 64K sequence. Estimated at about 5 more minutes for all (~140 compiles at
+~2 s, ~60 s of replays).
 """
 import argparse
 import datetime
@@ -51,7 +52,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import kernels  # noqa: E402
-from kernels import decode, dispatch, mla, prefill, reference  # noqa: E402
+from kernels import decode, dispatch, mla, mla_mha, prefill, reference  # noqa: E402
 
 DEVICE = "cuda"
 BLOCK = 16
@@ -364,7 +365,9 @@ def check_prefill_and_write(gen):
 # --grid: issue 14's range, every paged-attention kernel on every shape in one device call, through the entry points
 # the paged stack calls (harness/stacks/paged/attention.py and mla.py), in the stack's layouts.
 MLA_DECODE, DECODE, PREFILL, MLA_PREFILL = "MLA decode", "paged decode", "prefill", "MLA prefill"
-FAMILIES = (MLA_DECODE, DECODE, PREFILL, MLA_PREFILL)
+MLA_MHA_PREFILL = "MLA prefill, decompressed"  # kernels.mla_mha_prefill: not yet what the paged stack calls
+FAMILIES = (MLA_DECODE, DECODE, PREFILL, MLA_PREFILL, MLA_MHA_PREFILL)
+PREFILLS, MLA_FAMILIES = (PREFILL, MLA_PREFILL, MLA_MHA_PREFILL), (MLA_DECODE, MLA_PREFILL, MLA_MHA_PREFILL)
 SDPA = "SDPA beside"  # torch SDPA on a contiguous cache, timed beside each prefill cell
 GRID = {
     "batches": (1, 8, 32, 128, 256), "contexts": (1024, 4096, 32768, 131072),
@@ -372,15 +375,18 @@ GRID = {
     "dense": ((28, 4), (32, 8), (32, 32)), "head_dim": 128,  # R1-Distill-Qwen-7B's GQA 28/4 first
     "long_mla": 65536,  # issue 14's "MLA, one sequence of 64K" row
     "swept_mla_batches": (32, 256),  # --config-sweep's MLA decode cells (128 heads, 4K)
+    "profiled_batch": 8,  # decode cells up to this batch also get each kernel's time (torch.profiler)
     "prompts": (2048, 8192, 32768), "many": (8, 2048), "chunk": (2048, 30720),  # chunk: (new, cached prefix)
     "mla_prefill": (16, 4096, 192, 128),  # heads, prompt, the q/k and v widths of its FLOP floor (V2-Lite)
+    "mla_mha_prefill": ((16, 4096), (16, 32768), (128, 4096)),  # heads, prompt (widths as mla_prefill's)
     "cap_bytes": 60e9,  # cells whose cache would pass this are skipped (and listed)
     "cold_bytes": 160e6, "max_layers": 64,  # a small cache is timed as layers' caches of this many bytes (> L2)
 }
 DRY_GRID = {  # --grid --dry-run: every family's code path on the CPU, one MHA cell over the cap, two layers
     "batches": (1, 2), "contexts": (32, 64), "mla_heads": (16, 32), "rank": 64, "rope": 16,
-    "dense": ((7, 1), (8, 2), (4, 4)), "head_dim": 32, "long_mla": 96, "swept_mla_batches": (2,),
+    "dense": ((7, 1), (8, 2), (4, 4)), "head_dim": 32, "long_mla": 96, "swept_mla_batches": (2,), "profiled_batch": 1,
     "prompts": (32, 64, 96), "many": (3, 32), "chunk": (16, 48), "mla_prefill": (16, 64, 48, 32),
+    "mla_mha_prefill": ((16, 64), (32, 96)),
     "cap_bytes": 40_000, "cold_bytes": 40_000, "max_layers": 2,
 }
 VLLM_SOURCE = "vLLM (quoted from issue 14, earlier run)"
@@ -416,20 +422,22 @@ H200_COPY_BPS, H200_MM_FLOPS = 4.28e12, 7.9e14
 # sweep (kernels_h200_2026-12-01_nvidia-h200_grid) chose today's defaults; this one times what it left open: a query
 # head per program for dense prefill, tiles around MLA prefill's and 128-head decode's new defaults, and how many tiles
 # a range holds at least (min_tiles) for 16-head MLA decode now that the merge of many partials is parallel.
-MLA_DECODE_16, MLA_DECODE_MANY = "MLA decode, 16 heads", "MLA decode, 128 heads"
-SWEEPS = {  # name: (the default it varies, the configs)
-    PREFILL: (prefill.CONFIG, [
+SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the configs)
+    "prefill": (PREFILL, prefill.CONFIG, [
         {**prefill.CONFIG, "rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages,
          "one_head_per_program": one_head}
         for one_head in (False, True) for rows in (64, 128) for block_n in (64, 128) for warps in (4, 8)
         for stages in (2, 3)]),
-    MLA_PREFILL: (mla.PREFILL_CONFIG, [
+    "mla-prefill": (MLA_PREFILL, mla.PREFILL_CONFIG, [
         {"rows": 32, "block_n": block_n, "num_warps": warps, "num_stages": stages}
         for block_n in (64, 128) for warps in (4, 8) for stages in (1, 2)]),
-    MLA_DECODE_16: (mla.DEFAULT_CONFIG, [
+    "mla-mha-prefill": (MLA_MHA_PREFILL, mla_mha.CONFIG, [
+        {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+        for block_m in (64, 128) for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)]),
+    "mla-decode-16": ("MLA decode, 16 heads", mla.DEFAULT_CONFIG, [
         {**mla.DEFAULT_CONFIG, "block_n": block_n, "min_tiles": min_tiles}
         for block_n in (32, 64) for min_tiles in (1, 2, 4, 8)]),
-    MLA_DECODE_MANY: (mla.MANY_HEADS_CONFIG, [
+    "mla-decode-128": ("MLA decode, 128 heads", mla.MANY_HEADS_CONFIG, [
         {**mla.MANY_HEADS_CONFIG, "head_block": hb, "block_n": block_n, "num_warps": warps, "num_stages": stages}
         for hb, block_ns, warps_ in ((32, (32, 64, 128), (4, 8)), (64, (32, 64), (8,)))
         for block_n in block_ns for warps in warps_ for stages in (1, 2)]),
@@ -437,19 +445,20 @@ SWEEPS = {  # name: (the default it varies, the configs)
 
 
 def sweep_of(c, g):
-    """The sweep --config-sweep runs on cell c, or None: every prefill cell; MLA decode at 4K for the batches in
+    """The key of the sweep that covers cell c, or None: every prefill cell; MLA decode at 4K for the batches in
     swept_mla_batches (each batch size compiles its own variants: two keep the cost down), and one 64K sequence."""
-    if c.family in (PREFILL, MLA_PREFILL):
-        return c.family
+    if c.family in PREFILLS:
+        return {PREFILL: "prefill", MLA_PREFILL: "mla-prefill", MLA_MHA_PREFILL: "mla-mha-prefill"}[c.family]
     if c.family != MLA_DECODE:
         return None
     many = c.q_heads > 16
     if c.context == g["contexts"][1] and c.batch in g["swept_mla_batches"] or not many and c.context == g["long_mla"]:
-        return MLA_DECODE_MANY if many else MLA_DECODE_16
+        return "mla-decode-128" if many else "mla-decode-16"
     return None
 
 
-EXPECTED_X = {MLA_DECODE: 4.0, DECODE: 1.5, PREFILL: 4.0 + 1.5, MLA_PREFILL: 7.0 + 1.6}  # prefill: ours + SDPA
+EXPECTED_X = {MLA_DECODE: 4.0, DECODE: 1.5, PREFILL: 4.0 + 1.5, MLA_PREFILL: 7.0 + 1.6,  # prefill: ours + SDPA
+              MLA_MHA_PREFILL: 3.0 + 1.6}
 LAUNCH_MS, REPLAY_OVERHEAD_MS, FILL_BPS = 0.012, 0.2, 1e12
 # imports, CUDA and the two rates; a cell's set-up (tables, capture, empty_cache); one kernel variant; one fp32 check
 START_S, CELL_S, COMPILE_S, CHECK_S = 25.0, 0.5, 2.0, 1.0
@@ -476,7 +485,7 @@ class Cell:
 
     @property
     def shape(self):
-        if self.family in (MLA_DECODE, MLA_PREFILL):
+        if self.family in MLA_FAMILIES:
             return f"MLA {self.q_heads}h"
         return f"{'MHA' if self.q_heads == self.kv_heads else 'GQA'} {self.q_heads}/{self.kv_heads}"
 
@@ -494,7 +503,7 @@ class Cell:
 
 
 def cache_bytes(c):
-    row = (c.head_dim + c.rope) if c.family in (MLA_DECODE, MLA_PREFILL) else 2 * c.kv_heads * c.head_dim
+    row = (c.head_dim + c.rope) if c.family in MLA_FAMILIES else 2 * c.kv_heads * c.head_dim
     return c.batch * c.context * row * DTYPE.itemsize
 
 
@@ -518,7 +527,7 @@ def floor_ms(moved, flops, bandwidth, rate):
 def cell_layers(c, g):
     """Decode caches under cold_bytes are timed as several layers' caches, one call each (a decode step's
     pattern): each read from HBM, as in the engine, and the launches amortised as in its CUDA graph."""
-    if c.family in (PREFILL, MLA_PREFILL):
+    if c.family in PREFILLS:
         return 1
     return min(g["max_layers"], max(1, math.ceil(g["cold_bytes"] / cache_bytes(c))))
 
@@ -532,7 +541,7 @@ def issue_rank(c, g):
     for i, quote in enumerate(VLLM_QUOTED):
         if quote["match"](c, g):
             return i
-    issue_prefill = c.family == MLA_PREFILL or c.family == PREFILL and (
+    issue_prefill = c.family in MLA_FAMILIES or c.family == PREFILL and (
         c.batch > 1 or c.new < c.context or c.context == g["prompts"][-1])
     return len(VLLM_QUOTED) + (0 if issue_prefill else 1)
 
@@ -559,6 +568,8 @@ def all_cells(g):
     cells += [Cell(PREFILL, b, n, q, hq, hkv, g["head_dim"], check=b > 1 or q < n) for b, n, q in prefills]
     heads, prompt, qk, v = g["mla_prefill"]
     cells.append(Cell(MLA_PREFILL, 1, prompt, prompt, heads, 1, g["rank"], g["rope"], (qk, v), check=True))
+    cells += [Cell(MLA_MHA_PREFILL, 1, prompt, prompt, heads, 1, g["rank"], g["rope"], (qk, v),
+                   check=(heads, prompt) == g["mla_mha_prefill"][0]) for heads, prompt in g["mla_mha_prefill"]]
     return cells
 
 
@@ -688,7 +699,35 @@ def mla_prefill_cell(c, layers, gen):
             "sdpa": lambda: causal_sdpa(q4, k4, v4, scale)}
 
 
-BUILDERS = {DECODE: decode_cell, MLA_DECODE: mla_decode_cell, PREFILL: prefill_cell, MLA_PREFILL: mla_prefill_cell}
+def mla_mha_prefill_cell(c, layers, gen):
+    """kernels.mla_mha_prefill timed whole: the context's latent gathered, decompressed by kv_b_proj (random, scaled
+    to keep keys and values near unit size) and attended; SDPA as beside the absorbed cell."""
+    table, seq_lens, num_blocks = paged_batch(c, gen)
+    cache = bf16(num_blocks, BLOCK, c.head_dim + c.rope)
+    qk, v = c.floor_dims
+    nope, cu, scale = qk - c.rope, packed_starts(c), qk ** -0.5
+    q_nope, q_pe = bf16(c.batch * c.new, c.q_heads, nope), bf16(c.batch * c.new, c.q_heads, c.rope)
+    kv_b = bf16(c.q_heads * (nope + v), c.head_dim) * c.head_dim ** -0.5
+    out = q_nope.new_empty(c.batch * c.new, c.q_heads, v)
+    q4, k4, v4 = bf16(c.batch, c.q_heads, c.new, qk), bf16(c.batch, c.q_heads, c.context, qk), bf16(
+        c.batch, c.q_heads, c.context, v)
+
+    def run(cfg=None, into=out):
+        return mla_mha.mla_mha_prefill(q_nope, q_pe, cache, table, cu, seq_lens, kv_b, scale, c.new, out=into,
+                                       config=cfg)
+
+    return {"step": lambda: kernels.mla_mha_prefill(q_nope, q_pe, cache, table, cu, seq_lens, kv_b, scale, c.new,
+                                                    out=out),
+            "with_config": lambda cfg: lambda: run(cfg),
+            "output_with": lambda cfg: run(cfg, poisoned(out)),
+            "output": lambda: run(None, poisoned(out)),
+            "reference": lambda: reference.mla_mha_prefill(q_nope.float(), q_pe.float(), cache.float(), table, cu,
+                                                           seq_lens, kv_b.float(), scale),
+            "sdpa": lambda: causal_sdpa(q4, k4, v4, scale)}
+
+
+BUILDERS = {DECODE: decode_cell, MLA_DECODE: mla_decode_cell, PREFILL: prefill_cell, MLA_PREFILL: mla_prefill_cell,
+            MLA_MHA_PREFILL: mla_mha_prefill_cell}
 
 
 def causal_sdpa(q, k, v, scale):
@@ -753,7 +792,23 @@ def sweep_configs(build, variants, out, floor, replays, layers):
     return rows
 
 
-def run_grid_cell(c, g, bandwidth, rate, gen, config_sweep=False):
+def kernel_us(step, layers, calls=5):
+    """Each kernel's GPU time per layer (us), from torch.profiler over a few eager calls: how a small decode's time
+    splits between the attention kernel and the merge of its partials."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if DEVICE == "cpu":
+        return {}
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    return {e.key: round(e.device_time_total / calls / layers, 2) for e in prof.key_averages() if e.device_time_total}
+
+
+def run_grid_cell(c, g, bandwidth, rate, gen, sweeps=()):
     row = cell_row(c, g, bandwidth, rate)
     layers, floor = row["layers"], row["floor_ms"]
     build = BUILDERS[c.family](c, layers, gen)
@@ -764,10 +819,15 @@ def run_grid_cell(c, g, bandwidth, rate, gen, config_sweep=False):
     replays = replays_for(floor * layers)
     row["ms"] = bench_graph(build["step"], replays) / layers
     row["x_floor"] = row["ms"] / floor
-    name = sweep_of(c, g) if config_sweep else None
-    if name:
-        row["sweep_name"] = name
-        row["sweep"] = sweep_configs(build, SWEEPS[name][1], out, floor, replays, layers)
+    if c.new == 1 and c.batch <= g["profiled_batch"]:
+        try:
+            row["kernel_us"] = kernel_us(build["step"], layers)
+        except Exception as e:  # noqa: BLE001 - the profile is extra: its failure leaves the cell's time standing
+            row["kernel_us_error"] = repr(e)[:200]
+    key = sweep_of(c, g)
+    if key in sweeps:
+        row["sweep_name"] = key
+        row["sweep"] = sweep_configs(build, SWEEPS[key][2], out, floor, replays, layers)
     if "sdpa" in build:
         try:
             row["sdpa"], sdpa_out = time_sdpa(build["sdpa"], floor, replays)
@@ -801,13 +861,13 @@ def run_grid(args, g, env, t0):
             continue
         started = time.time()
         try:
-            row = {**run_grid_cell(c, g, bandwidth, rate, gen, args.config_sweep), "status": "ok"}
+            row = {**run_grid_cell(c, g, bandwidth, rate, gen, args.config_sweep or ()), "status": "ok"}
         except Exception as e:  # noqa: BLE001 - out of memory, a compile error: recorded, the grid goes on
             row = {**cell_row(c, g, bandwidth, rate), "status": "error", "error": repr(e)[:300]}
         row["seconds"] = time.time() - started
         rows.append(row)
         log(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()
-                        if k not in ("vllm_quoted", "floor_dims", "sweep")}))
+                        if k not in ("vllm_quoted", "floor_dims", "sweep", "kernel_us")}))
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
         result["seconds"] = time.time() - t0
@@ -834,18 +894,18 @@ def x_text(row):
 def summary_table(rows):
     """Per family: cells measured, the worst x floor and where, the median, and the worst among cells whose floor
     is at least 10 us (below it a decode is mostly its two launches)."""
-    log(f"{'family':13s} {'cells':>9s} {'worst x':>8s}  {'at':34s} {'median':>7s}  worst where floor >= 10 us")
-    prefills = [r for r in rows if r["family"] in (PREFILL, MLA_PREFILL)]
+    log(f"{'family':26s} {'cells':>9s} {'worst x':>8s}  {'at':34s} {'median':>7s}  worst where floor >= 10 us")
+    prefills = [r for r in rows if r["family"] in PREFILLS]
     for family, planned in [(f, [r for r in rows if r["family"] == f]) for f in FAMILIES] + [(SDPA, prefills)]:
         measured = sorted((r["sdpa"]["x_floor"] if family == SDPA else r["x_floor"], r["name"], r["floor_ms"])
                           for r in planned if r["status"] == "ok" and (family != SDPA or "sdpa" in r))
         if not measured:
-            log(f"{family:13s} {0:>4d} / {len(planned):<3d} none measured")
+            log(f"{family:26s} {0:>4d} / {len(planned):<3d} none measured")
             continue
         worst = measured[-1]
         big = [m for m in measured if m[2] >= 0.010]
         big_worst = f"{big[-1][0]:.2f} ({big[-1][1]})" if big else "n/a"
-        log(f"{family:13s} {len(measured):>4d} / {len(planned):<3d} {worst[0]:8.2f}  {worst[1]:34s} "
+        log(f"{family:26s} {len(measured):>4d} / {len(planned):<3d} {worst[0]:8.2f}  {worst[1]:34s} "
             f"{measured[len(measured) // 2][0]:7.2f}  {big_worst}")
 
 
@@ -865,12 +925,23 @@ def decode_table(rows, family, g):
             f"{x_text(cols[b]) if b in cols else '':>9s}" for b in g["batches"]))
 
 
+def kernel_split_table(rows):
+    """Single-sequence decode cells whose floor is 10 us or more: the time (graph replays) and each kernel's share
+    (profiled eagerly, so the two need not add up)."""
+    log("one sequence, decode: us per layer, graph replay, and each kernel's GPU time (torch.profiler, eager)")
+    for r in rows:
+        if r["status"] == "ok" and r.get("kernel_us") and r["batch"] == 1 and r["floor_ms"] >= 0.010:
+            kernels_ = ", ".join(f"{k[:24]} {v:.1f}" for k, v in sorted(r["kernel_us"].items(), key=lambda kv: -kv[1]))
+            log(f"  {r['family'] + ': ' + r['name']:40s} floor {r['floor_ms'] * 1e3:6.1f}  ours {r['ms'] * 1e3:6.1f}  "
+                f"{kernels_}")
+
+
 def prefill_table(rows, g):
     log("prefill over the paged cache (ours) and torch SDPA on a contiguous cache (its backend last), x floor")
     log(f"{'case':44s} {'floor ms':>9s} {'ours ms':>8s} {'x':>6s} {'SDPA ms':>8s} {'x':>6s} {'rel err':>8s}  SDPA")
     by_name = {(r["family"], r["name"]): r for r in rows}
     for c in all_cells(g):
-        if c.family not in (PREFILL, MLA_PREFILL):
+        if c.family not in PREFILLS:
             continue
         r = by_name[(c.family, c.name)]
         sd = r.get("sdpa", {})
@@ -903,17 +974,20 @@ def grid_report(rows, g, bandwidth, rate):
         log("")
         decode_table(rows, family, g)
     log("")
+    kernel_split_table(rows)
+    log("")
     prefill_table(rows, g)
-    for name in SWEEPS:
-        if any(r.get("sweep_name") == name for r in rows):
+    for key in SWEEPS:
+        if any(r.get("sweep_name") == key for r in rows):
             log("")
-            config_sweep_table([r for r in rows if r.get("sweep_name") == name], name)
+            config_sweep_table([r for r in rows if r.get("sweep_name") == key], key)
 
 
-def config_sweep_table(swept, name):
+def config_sweep_table(swept, key):
     """--config-sweep: each config's x floor on every swept cell of one kernel, the best worst case first (a config
     that failed, or whose output differs from the default's, counts as infinitely slow)."""
-    fields = list(SWEEPS[name][0])
+    title, default, _ = SWEEPS[key]
+    fields = list(default)
     by_cfg = {}
     for r in swept:
         for v in r["sweep"]:
@@ -928,7 +1002,7 @@ def config_sweep_table(swept, name):
     def shown(value, width):
         return f"{value:{width}.2f}" if value != math.inf else f"{'err':>{width}s}"
 
-    log(f"{name} configs (default {SWEEPS[name][0]}), x floor per cell, best worst case first; "
+    log(f"{title} configs (default {default}), x floor per cell, best worst case first; "
         "err: failed or differs from the default's output")
     log(" ".join(f"{k[:8]:>8s}" for k in fields) + "".join(f"{r['name'][:20]:>22s}" for r in swept) + f"{'worst':>8s}")
     for key, cells in sorted(by_cfg.items(), key=lambda kv: worst(kv[1])):
@@ -943,7 +1017,7 @@ def dry_run_shapes():
                      for n, _, _, hq, hkv, mixed in DECODE_SHAPES]
     MLA_SHAPE = (MLA_SHAPE[0], 2, 40, 16, 64, 16)
     DECODE_SWEEP, MLA_SWEEP = DECODE_SWEEP[:1], MLA_SWEEP[:1]
-    SWEEPS = {name: (default, configs[:1] + configs[-1:]) for name, (default, configs) in SWEEPS.items()}
+    SWEEPS = {key: (title, default, configs[:1] + configs[-1:]) for key, (title, default, configs) in SWEEPS.items()}
 
 
 def main():
@@ -952,13 +1026,16 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
     parser.add_argument("--grid", action="store_true", help="issue 14's grid: every kernel on every shape")
-    parser.add_argument("--config-sweep", action="store_true",
-                        help="--grid also times kernel configs (SWEEPS) on the cells sweep_of() picks")
+    parser.add_argument("--config-sweep", nargs="*", choices=sorted(SWEEPS), metavar="SWEEP",
+                        help="--grid also times kernel configs on the cells sweep_of() picks: the SWEEPS named "
+                             f"({', '.join(SWEEPS)}), every one if none is")
     parser.add_argument("--max-seconds", type=float, default=480,
                         help="--grid starts no cell past this many seconds from the start (default 480)")
     args = parser.parse_args()
     if args.grid and args.sweep:
         parser.error("--sweep times the default shapes' configs: run it without --grid")
+    if args.config_sweep == []:
+        args.config_sweep = list(SWEEPS)
     if args.config_sweep and not args.grid:
         parser.error("--config-sweep times configs on the grid's cells: run it with --grid")
     os.makedirs(args.out, exist_ok=True)
@@ -973,6 +1050,7 @@ def main():
            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
            "defaults": {"decode": decode.DEFAULT_CONFIG, "mla": mla.DEFAULT_CONFIG,
                         "mla_many_heads": mla.MANY_HEADS_CONFIG, "mla_prefill": mla.PREFILL_CONFIG,
+                        "mla_mha_prefill": mla_mha.CONFIG,
                         "prefill": prefill.CONFIG}}
     log("env", json.dumps(env))
     torch.manual_seed(0)

@@ -12,10 +12,13 @@ Importing this package is cheap: torch and triton load on the first call.
 """
 from .dispatch import use_triton
 
-__all__ = ["preload", "paged_decode", "paged_prefill", "mla_decode", "mla_prefill", "write_kv", "write_latent",
-           "route", "fused_moe", "rms_norm", "apply_rotary", "silu_mul_", "linear", "rotate_and_write_kv"]
+__all__ = ["preload", "paged_decode", "paged_prefill", "mla_decode", "mla_prefill", "mla_mha_prefill", "write_kv",
+           "write_latent", "route", "fused_moe", "rms_norm", "apply_rotary", "silu_mul_", "linear",
+           "rotate_and_write_kv"]
 
 
+# mla_mha_prefill is not here: the paged stack does not call it yet (issue 14), and a module it does not run would
+# only add to what its measured runs hold
 TRITON_MODULES = ("decode", "prefill", "mla", "cache_write", "router", "moe", "norm", "rotary", "activation",
                   "skinny_gemm")
 
@@ -83,6 +86,22 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
 
     result = impl(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, scale)
     return result if out is None else out.copy_(result)
+
+
+def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale,
+                    max_q_len=None, out=None):
+    """MLA prefill decompressed: the context's latent through kv_b_proj (kv_b_weight [H * (nope + v), rank]) into
+    per-head keys and values, then attention with 192-wide scores. q_nope [T, H, nope], q_pe [T, H, rope];
+    out [T, H, v] in value space (the caller applies o_proj, not W_UV)."""
+    if use_triton(q_nope):
+        from .mla_mha import mla_mha_prefill as impl
+
+        return impl(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale, max_q_len,
+                    out=out)
+    from .reference import mla_mha_prefill as impl
+
+    result = impl(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale)
+    return result.to(q_nope.dtype) if out is None else out.copy_(result)
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping):

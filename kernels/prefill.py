@@ -25,11 +25,11 @@ fix_triton_interpreter()
 LOG2E = 1.4426950408889634
 # On the GPU: query rows per program (tokens x heads in the group, or tokens of one head), keys per loop step, warps,
 # pipeline depth, whether the tiles below the causal diagonal skip the mask, and whether a program takes one query
-# head. From benchmarks/kernels_h200.py --grid --config-sweep on the H200 (2026-12-01, kernels_h200_*_grid): of 48
-# configs of the grouped rows, this was fastest on one 32K prompt (1.99x of the FLOP floor against 2.99x before:
-# split_causal is most of it) and within 0.06x of the best on every other prefill cell.
+# head. From benchmarks/kernels_h200.py --grid --config-sweep on the H200 (2026-12-01): split_causal took one 32K
+# prompt from 2.99x of the FLOP floor to 1.99x (kernels_h200_*_grid, 48 configs of grouped rows), and one query head
+# per program, no group padding, to 1.89x; within 0.16x of the best config on every other prefill cell (*_grid-2).
 CONFIG = {"rows": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "split_causal": True,
-          "one_head_per_program": False}
+          "one_head_per_program": True}
 CPU_CONFIG = {"rows": 16, "block_n": 16}  # the interpreter: small tiles run faster
 
 

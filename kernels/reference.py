@@ -121,6 +121,16 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
     return paged_prefill(q, latent, latent, block_table, cu_seqlens_q, seq_lens, scale)[..., :rank]
 
 
+def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale):
+    """MLA prefill in its decompressed form (kernels/mla_mha.py), computed absorbed: W_UK folded into the
+    query, attention over the latent (mla_prefill), W_UV after. The same in exact arithmetic; out [T, H, v]."""
+    heads, nope = q_nope.shape[1], q_nope.shape[2]
+    w = kv_b_weight.float().view(heads, -1, kv_b_weight.shape[1])  # [H, nope + v, rank]
+    q_latent = torch.einsum("thn,hnr->thr", q_nope.float(), w[:, :nope])
+    latent_out = mla_prefill(q_latent, q_pe.float(), latent_cache.float(), block_table, cu_seqlens_q, seq_lens, scale)
+    return torch.einsum("thr,hvr->thv", latent_out, w[:, nope:])
+
+
 def route(x, weight, bias, *, method, top_k, n_group, topk_group, normalise, scaling):
     """A MoE router: x [T, hidden], weight [experts, hidden] -> (routing weights [T, top_k] float32,
     scaling included; expert ids [T, top_k]). Logits in float32 as DeepSeek's gates compute them.

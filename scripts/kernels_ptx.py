@@ -24,7 +24,8 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kernels import activation, cache_write, decode, mla, moe, norm, prefill, rotary, router, skinny_gemm  # noqa: E402
+from kernels import (activation, cache_write, decode, mla, mla_mha, moe, norm, prefill, rotary, router,  # noqa: E402
+                     skinny_gemm)
 
 H200 = GPUTarget("cuda", 90, 32)
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}
@@ -107,6 +108,9 @@ def launches() -> dict[str, tuple]:
         "mla prefill 16 heads, rank 512 + rope 64": lambda: mla.mla_prefill(
             torch.randn(14, 16, 512, dtype=bf16), torch.randn(14, 16, 64, dtype=bf16), latent, table, cu_q, lens,
             0.072, max_q_len=8, config=mla.PREFILL_CONFIG),
+        "mla prefill decompressed, 16 heads, nope 128 + rope 64, v 128, GPU tiles": lambda: mla_mha.mla_mha_prefill(
+            torch.randn(14, 16, 128, dtype=bf16), torch.randn(14, 16, 64, dtype=bf16), latent, table, cu_q, lens,
+            torch.randn(16 * 256, 512, dtype=bf16), 0.072, max_q_len=8, config=mla_mha.CONFIG),
         "write kv": lambda: cache_write.write_kv(torch.randn(4, 2, 128, dtype=bf16), torch.randn(4, 2, 128, dtype=bf16),
                                                  k, v, torch.arange(4, dtype=torch.int64)),
         "rotate q, k and write k/v, gqa 28/4 x 128": lambda: cache_write.rotate_and_write_kv(

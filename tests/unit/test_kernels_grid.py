@@ -78,7 +78,7 @@ def test_config_sweep_table_ranks_by_the_worst_cell_and_a_wrong_output_last(monk
     uneven = {**base, "block_n": 32}  # best on one cell, worst on the other
     swept = [{"name": "one", "sweep": [fast_wrong, steady, {**uneven, "x_floor": 1.2, "rel_err_vs_default": 0.0}]},
              {"name": "two", "sweep": [fast_wrong, steady, {"error": "out of resources", **uneven}]}]
-    kg.config_sweep_table(swept, kg.PREFILL)
+    kg.config_sweep_table(swept, "prefill")
     ranked = [line.split()[1] for line in lines[2:]]  # each row starts with rows, block_n
     assert ranked[0] == "64" and sorted(ranked[1:]) == ["128", "32"]  # steady (1.6) first; the other two: err
     assert [line.split()[-1] for line in lines[2:]] == ["1.60", "err", "err"]

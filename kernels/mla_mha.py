@@ -1,0 +1,157 @@
+"""MLA prefill in its decompressed (multi-head) form, in Triton: every prefill sequence's context is gathered from the
+paged latent cache and decompressed by kv_b_proj into per-head keys and values, then each head attends with its
+128-wide nope part plus the 64 rope columns all heads share (192-wide scores), over 128-wide values.
+
+The absorbed form (kernels/mla.py) scores against the 576-wide latent and sums 512-wide rows: at DeepSeek-V2's widths
+(576 + 512) / (192 + 128) = 3.4x the FLOPs of this form per (query, key) pair. Decode reads every cached token once
+for all heads, so it stays absorbed; prefill is compute-bound, so it decompresses first, as vLLM's MLA prefill does:
+kv_b_proj costs 2 x 512 x heads x 256 FLOPs per context token, against 2 x 320 x heads per pair attended.
+The decompressed keys and values of the whole context live for the call: context tokens x heads x 256 x 2 bytes
+(V2-Lite, 16 heads: 8 KiB a token).
+
+One program takes BLOCK_M new tokens of one head and sequence (no padding of rows); the key tiles below the causal
+diagonal run unmasked, the diagonal's masked (kernels/prefill.py's split_causal).
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, upcast_dots
+from .dot import dot, softmax_update
+
+fix_triton_interpreter()
+
+LOG2E = 1.4426950408889634
+# Untuned first guess, from dense prefill's sweep (kernels/prefill.py): 128 query rows on 8 warps. A 64-key tile's
+# nope, rope and value rows take 40 KiB of shared memory a stage; benchmarks/kernels_h200.py --config-sweep times
+# the variants.
+CONFIG = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
+CPU_CONFIG = {"block_m": 16, "block_n": 16}  # the interpreter runs small tiles faster
+
+
+@triton.jit
+def _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start, start, end, q_pos, qk_scale,
+            stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
+            NOPE: tl.constexpr, NOPE_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
+            V_DIM: tl.constexpr, V_PAD: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+            DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The online softmax (m, l, acc) carried over context tokens [start, end) of one sequence and head."""
+    nope_dims = tl.arange(0, NOPE_PAD)
+    rope_dims = tl.arange(0, ROPE_PAD)
+    v_dims = tl.arange(0, V_PAD)
+    for t0 in range(start, end, BLOCK_N):
+        toks = t0 + tl.arange(0, BLOCK_N)
+        tok_mask = toks < end
+        rows = (k_start + toks).to(tl.int64)
+        k = tl.load(k_nope_ptr + rows[:, None] * stride_kn_tok + head * stride_kn_head + nope_dims[None, :],
+                    mask=tok_mask[:, None] & (nope_dims < NOPE)[None, :], other=0.0)
+        k_pe = tl.load(k_pe_ptr + rows[:, None] * stride_kp_tok + rope_dims[None, :],
+                       mask=tok_mask[:, None] & (rope_dims < ROPE)[None, :], other=0.0)
+        s = dot(q_nope, tl.trans(k), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
+        m, l, p, alpha = softmax_update(s * qk_scale, toks, end, q_pos, m, l, CAUSAL)
+        v = tl.load(v_ptr + rows[:, None] * stride_v_tok + head * stride_v_head + v_dims[None, :],
+                    mask=tok_mask[:, None] & (v_dims < V_DIM)[None, :], other=0.0)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
+    return m, l, acc
+
+
+@triton.jit
+def _mha_prefill(
+    q_nope_ptr, q_pe_ptr, k_nope_ptr, k_pe_ptr, v_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, out_ptr, qk_scale,
+    stride_qn_tok, stride_qn_head, stride_qp_tok, stride_qp_head,
+    stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
+    stride_o_tok, stride_o_head,
+    NOPE: tl.constexpr, NOPE_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
+    V_DIM: tl.constexpr, V_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Grid (query tile, head, sequence). A sequence's new tokens are the last q_len of its k_len context tokens."""
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    if tl.program_id(0) * BLOCK_M >= q_len:
+        return
+    k_start = tl.load(cu_seqlens_k_ptr + seq)
+    prefix = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start - q_len
+    tok = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = tok < q_len
+    tok64 = (q_start + tok).to(tl.int64)
+    nope_dims = tl.arange(0, NOPE_PAD)
+    rope_dims = tl.arange(0, ROPE_PAD)
+    v_dims = tl.arange(0, V_PAD)
+    q_nope = tl.load(q_nope_ptr + tok64[:, None] * stride_qn_tok + head * stride_qn_head + nope_dims[None, :],
+                     mask=row_mask[:, None] & (nope_dims < NOPE)[None, :], other=0.0)
+    q_pe = tl.load(q_pe_ptr + tok64[:, None] * stride_qp_tok + head * stride_qp_head + rope_dims[None, :],
+                   mask=row_mask[:, None] & (rope_dims < ROPE)[None, :], other=0.0)
+    q_pos = prefix + tok
+    kv_end = prefix + tl.minimum(q_len, (tl.program_id(0) + 1) * BLOCK_M)  # the tile's last query sees no further
+    masked_from = (prefix + tl.program_id(0) * BLOCK_M) // BLOCK_N * BLOCK_N  # every row sees the tiles before
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, V_PAD], tl.float32)
+    m, l, acc = _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start, 0, masked_from, q_pos,
+                        qk_scale, stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
+                        NOPE, NOPE_PAD, ROPE, ROPE_PAD, V_DIM, V_PAD, BLOCK_N, False, DOT_PRECISION, UPCAST)
+    m, l, acc = _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start, masked_from, kv_end,
+                        q_pos, qk_scale, stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
+                        NOPE, NOPE_PAD, ROPE, ROPE_PAD, V_DIM, V_PAD, BLOCK_N, True, DOT_PRECISION, UPCAST)
+    l = tl.where(l == 0.0, 1.0, l)
+    tl.store(out_ptr + tok64[:, None] * stride_o_tok + head * stride_o_head + v_dims[None, :],
+             (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (v_dims < V_DIM)[None, :])
+
+
+def context_slots(block_table, seq_lens, block_size):
+    """The cache slots of every sequence's tokens 0..seq_len-1, sequence after sequence (a host sync: prefill steps
+    run eagerly), and the cumulative context lengths [S + 1]."""
+    lens = seq_lens.tolist()
+    longest = max(lens)
+    pos = torch.arange(longest, device=block_table.device)
+    slots = block_table[:, pos // block_size].long() * block_size + pos % block_size  # [S, longest]
+    slots = slots[pos[None, :] < seq_lens[:, None]]
+    cu_k = torch.zeros(len(lens) + 1, dtype=torch.int32, device=seq_lens.device)
+    torch.cumsum(seq_lens, 0, out=cu_k[1:])
+    return slots, cu_k
+
+
+def decompress_context(latent_cache, block_table, seq_lens, kv_b_weight, heads):
+    """Every sequence's latent rows gathered from the paged cache, their kv_c through kv_b_proj: (per-head keys' nope
+    part then values [C, H, nope + v], the shared k_pe [C, rope], cumulative context lengths [S + 1])."""
+    _, block_size, width = latent_cache.shape
+    rank = kv_b_weight.shape[1]
+    slots, cu_k = context_slots(block_table, seq_lens, block_size)
+    latent = latent_cache.view(-1, width)[slots]
+    kv = torch.nn.functional.linear(latent[:, :rank], kv_b_weight).view(latent.shape[0], heads, -1)
+    return kv, latent[:, rank:], cu_k
+
+
+def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale,
+                    max_q_len=None, *, out=None, config=None):
+    """q_nope [T, H, nope] and q_pe [T, H, rope] (rotated) of every sequence's new tokens, packed by cu_seqlens_q,
+    their latent rows already in the cache; kv_b_weight [H * (nope + v), rank] (kv_b_proj). out [T, H, v]: attention
+    in value space, ready for o_proj."""
+    num_tokens, heads, nope = q_nope.shape
+    rope = q_pe.shape[-1]
+    v_dim = kv_b_weight.shape[0] // heads - nope
+    assert latent_cache.shape[-1] == kv_b_weight.shape[1] + rope, "latent rows are kv_c then k_pe"
+    out = q_nope.new_empty(num_tokens, heads, v_dim) if out is None else out
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    if max_q_len is None:
+        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    kv, k_pe, cu_k = decompress_context(latent_cache, block_table, seq_lens, kv_b_weight, heads)
+    k_nope, v = kv[..., :nope], kv[..., nope:]
+    cfg = {**CONFIG, **(CPU_CONFIG if q_nope.device.type == "cpu" else {}), **(config or {})}
+    grid = (triton.cdiv(max_q_len, cfg["block_m"]), heads, num_seqs)
+    _mha_prefill[grid](
+        q_nope, q_pe, k_nope, k_pe, v, cu_seqlens_q, cu_k, out, scale * LOG2E,
+        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+        k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
+        NOPE=nope, NOPE_PAD=max(16, next_pow2(nope)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
+        V_DIM=v_dim, V_PAD=max(16, next_pow2(v_dim)), BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
+        DOT_PRECISION=dot_precision(q_nope.dtype), UPCAST=upcast_dots(q_nope),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out

@@ -1,0 +1,80 @@
+"""MLA prefill in its decompressed form (Triton, under the interpreter) against the float32 reference, which computes
+it absorbed (W_UK into the query, W_UV after): the two forms agree, and the reference agrees with plain multi-head
+attention over the decompressed keys and values."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import kernels  # noqa: E402
+from kernel_helpers import assert_close, poisoned, randn, scattered_block_table  # noqa: E402
+from kernels import reference  # noqa: E402
+from kernels.mla_mha import mla_mha_prefill  # noqa: E402
+
+
+def make_case(seed, block_size, heads, new, prefixes, rank=32, rope=16, nope=16, v_dim=16, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [p + n for p, n in zip(prefixes, new)]
+    table, num_blocks = scattered_block_table(lengths, block_size, gen)
+    cache = randn(gen, num_blocks, block_size, rank + rope, dtype=dtype)
+    total = sum(new)
+    cu = torch.tensor([0] + new).cumsum(0).to(torch.int32)
+    kv_b = (randn(gen, heads * (nope + v_dim), rank) * rank ** -0.5).to(dtype)
+    return (randn(gen, total, heads, nope, dtype=dtype), randn(gen, total, heads, rope, dtype=dtype), cache, table,
+            cu, torch.tensor(lengths, dtype=torch.int32), kv_b, (nope + rope) ** -0.5)
+
+
+def fp32_reference(q_nope, q_pe, cache, table, cu, seq_lens, kv_b, scale):
+    return reference.mla_mha_prefill(q_nope.float(), q_pe.float(), cache.float(), table, cu, seq_lens, kv_b.float(),
+                                     scale)
+
+
+def poisoned_out(case, v_dim=16):
+    return poisoned(case[0].new_empty(case[0].shape[0], case[0].shape[1], v_dim))
+
+
+@pytest.mark.parametrize("heads", [1, 3, 16])
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_matches_reference_fp32(block_size, heads):
+    """A plain prefill, a chunk after a cached prefix (not a multiple of the block) and a one-token chunk, in one
+    launch; 40 new tokens run past a query tile, so tiles below the diagonal run unmasked."""
+    case = make_case(block_size + heads, block_size, heads, [40, 6, 1], [0, 2 * block_size + 3, 11])
+    assert_close(mla_mha_prefill(*case, out=poisoned_out(case)), fp32_reference(*case))
+
+
+@pytest.mark.parametrize("config", [{"block_m": 32, "block_n": 16}, {"block_m": 16, "block_n": 32}])
+def test_other_tiles_give_the_same_answer(config):
+    case = make_case(3, 16, 2, [37, 20], [5, 0])
+    assert_close(mla_mha_prefill(*case, out=poisoned_out(case), config=config), fp32_reference(*case))
+
+
+def test_widths_that_need_masking():
+    case = make_case(4, 8, 2, [9, 4], [0, 7], rank=24, rope=8, nope=24, v_dim=20)
+    out = mla_mha_prefill(*case, out=poisoned_out(case, v_dim=20))
+    assert out.shape[-1] == 20
+    assert_close(out, fp32_reference(*case))
+
+
+def test_deepseek_v2_lite_widths_bf16():
+    case = make_case(5, 16, 2, [7, 3], [0, 20], rank=512, rope=64, nope=128, v_dim=128, dtype=torch.bfloat16)
+    assert_close(mla_mha_prefill(*case, out=poisoned_out(case, v_dim=128)), fp32_reference(*case))
+
+
+def test_reference_equals_multi_head_attention_over_the_decompressed_context():
+    q_nope, q_pe, cache, table, cu, seq_lens, kv_b, scale = make_case(6, 8, 3, [5], [7], dtype=torch.float64)
+    rows = torch.cat([cache[b] for b in table[0].tolist()])[:12]  # the sequence's 12 latent rows
+    kv = (rows[:, :32] @ kv_b.T).view(12, 3, 32)
+    keys = torch.cat([kv[..., :16], rows[:, None, 32:].expand(12, 3, 16)], dim=-1)  # k_pe shared by the heads
+    scores = torch.einsum("qhd,khd->hqk", torch.cat([q_nope, q_pe], dim=-1), keys) * scale
+    scores = scores.masked_fill(torch.ones(5, 12, dtype=torch.bool).tril(7).logical_not(), float("-inf"))
+    dense = torch.einsum("hqk,khd->qhd", scores.softmax(-1), kv[..., 16:])
+    out = reference.mla_mha_prefill(q_nope, q_pe, cache, table, cu, seq_lens, kv_b, scale)
+    torch.testing.assert_close(out.double(), dense, rtol=1e-5, atol=1e-6)  # the reference computes in fp32
+
+
+def test_public_entry_point(monkeypatch):
+    case = make_case(9, 16, 4, [4, 6], [3, 0])
+    ref = fp32_reference(*case)
+    assert_close(kernels.mla_mha_prefill(*case), ref)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert_close(kernels.mla_mha_prefill(*case), ref)
