@@ -89,15 +89,16 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
 
 
 def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale,
-                    max_q_len=None, out=None):
+                    max_q_len=None, context_tokens=None, out=None):
     """MLA prefill decompressed: the context's latent through kv_b_proj (kv_b_weight [H * (nope + v), rank]) into
     per-head keys and values, then attention with 192-wide scores. q_nope [T, H, nope], q_pe [T, H, rope];
-    out [T, H, v] in value space (the caller applies o_proj, not W_UV)."""
+    out [T, H, v] in value space (the caller applies o_proj, not W_UV). context_tokens: the sum of seq_lens, where
+    the caller knows it (no host sync)."""
     if use_triton(q_nope):
         from .mla_mha import mla_mha_prefill as impl
 
         return impl(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale, max_q_len,
-                    out=out)
+                    context_tokens, out=out)
     from .reference import mla_mha_prefill as impl
 
     result = impl(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale)

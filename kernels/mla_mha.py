@@ -101,35 +101,34 @@ def _mha_prefill(
              (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (v_dims < V_DIM)[None, :])
 
 
-def context_slots(block_table, seq_lens, block_size):
-    """The cache slots of every sequence's tokens 0..seq_len-1, sequence after sequence (a host sync: prefill steps
-    run eagerly), and the cumulative context lengths [S + 1]."""
-    lens = seq_lens.tolist()
-    longest = max(lens)
-    pos = torch.arange(longest, device=block_table.device)
-    slots = block_table[:, pos // block_size].long() * block_size + pos % block_size  # [S, longest]
-    slots = slots[pos[None, :] < seq_lens[:, None]]
-    cu_k = torch.zeros(len(lens) + 1, dtype=torch.int32, device=seq_lens.device)
+def context_slots(block_table, seq_lens, block_size, context_tokens):
+    """The cache slots of every sequence's tokens 0..seq_len-1, sequence after sequence (context_tokens of them in
+    all), and the cumulative context lengths [S + 1]. No host sync: a CUDA graph can capture it."""
+    cu_k = torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int64, device=seq_lens.device)
     torch.cumsum(seq_lens, 0, out=cu_k[1:])
-    return slots, cu_k
+    token = torch.arange(context_tokens, device=seq_lens.device)
+    seq = torch.searchsorted(cu_k[1:], token, right=True)
+    pos = token - cu_k[seq]
+    return block_table[seq, pos // block_size].long() * block_size + pos % block_size, cu_k
 
 
-def decompress_context(latent_cache, block_table, seq_lens, kv_b_weight, heads):
+def decompress_context(latent_cache, block_table, seq_lens, kv_b_weight, heads, context_tokens):
     """Every sequence's latent rows gathered from the paged cache, their kv_c through kv_b_proj: (per-head keys' nope
     part then values [C, H, nope + v], the shared k_pe [C, rope], cumulative context lengths [S + 1])."""
     _, block_size, width = latent_cache.shape
     rank = kv_b_weight.shape[1]
-    slots, cu_k = context_slots(block_table, seq_lens, block_size)
+    slots, cu_k = context_slots(block_table, seq_lens, block_size, context_tokens)
     latent = latent_cache.view(-1, width)[slots]
     kv = torch.nn.functional.linear(latent[:, :rank], kv_b_weight).view(latent.shape[0], heads, -1)
     return kv, latent[:, rank:], cu_k
 
 
 def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale,
-                    max_q_len=None, *, out=None, config=None):
+                    max_q_len=None, context_tokens=None, *, out=None, config=None):
     """q_nope [T, H, nope] and q_pe [T, H, rope] (rotated) of every sequence's new tokens, packed by cu_seqlens_q,
     their latent rows already in the cache; kv_b_weight [H * (nope + v), rank] (kv_b_proj). out [T, H, v]: attention
-    in value space, ready for o_proj."""
+    in value space, ready for o_proj. max_q_len and context_tokens (the sum of seq_lens) are read from the device
+    where not given."""
     num_tokens, heads, nope = q_nope.shape
     rope = q_pe.shape[-1]
     v_dim = kv_b_weight.shape[0] // heads - nope
@@ -140,7 +139,9 @@ def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_l
         return out
     if max_q_len is None:
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
-    kv, k_pe, cu_k = decompress_context(latent_cache, block_table, seq_lens, kv_b_weight, heads)
+    if context_tokens is None:
+        context_tokens = int(seq_lens.sum())
+    kv, k_pe, cu_k = decompress_context(latent_cache, block_table, seq_lens, kv_b_weight, heads, context_tokens)
     k_nope, v = kv[..., :nope], kv[..., nope:]
     cfg = {**CONFIG, **(CPU_CONFIG if q_nope.device.type == "cpu" else {}), **(config or {})}
     grid = (triton.cdiv(max_q_len, cfg["block_m"]), heads, num_seqs)

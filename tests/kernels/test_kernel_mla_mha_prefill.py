@@ -48,6 +48,13 @@ def test_other_tiles_give_the_same_answer(config):
     assert_close(mla_mha_prefill(*case, out=poisoned_out(case), config=config), fp32_reference(*case))
 
 
+def test_the_context_length_given_or_read_from_the_device():
+    case = make_case(8, 8, 2, [5, 9, 3], [17, 0, 4])
+    ref = fp32_reference(*case)
+    assert_close(mla_mha_prefill(*case, max_q_len=9, context_tokens=22 + 9 + 7, out=poisoned_out(case)), ref)
+    assert_close(mla_mha_prefill(*case, out=poisoned_out(case)), ref)
+
+
 def test_widths_that_need_masking():
     case = make_case(4, 8, 2, [9, 4], [0, 7], rank=24, rope=8, nope=24, v_dim=20)
     out = mla_mha_prefill(*case, out=poisoned_out(case, v_dim=20))
