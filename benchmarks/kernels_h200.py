@@ -419,9 +419,8 @@ VLLM_QUOTED = [
 # pair (decode + merge) about 12 us however small (paged_h200_2026-12-01 decode_split), a replay's L2 flush and sync.
 H200_COPY_BPS, H200_MM_FLOPS = 4.28e12, 7.9e14
 # --config-sweep: configs around each kernel's defaults, timed on the cells `sweep_of` picks. 2026-12-01's sweeps
-# (kernels_h200_2026-12-01_nvidia-h200_grid*) chose today's defaults; these time what they left open: a query head
-# per program for dense prefill, tiles around MLA prefill's defaults (absorbed and decompressed), and MLA decode's
-# products transposed (tokens as rows) beside its defaults.
+# (kernels_h200_2026-12-01_nvidia-h200_grid*) chose today's defaults: a query head per program for dense prefill,
+# tiles for MLA prefill (absorbed and decompressed) and for 128-head MLA decode, min_tiles for 16-head MLA decode.
 SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the configs)
     "prefill": (PREFILL, prefill.CONFIG, [
         {**prefill.CONFIG, "rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages,
@@ -435,13 +434,12 @@ SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the c
         {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
         for block_m in (64, 128) for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)]),
     "mla-decode-16": ("MLA decode, 16 heads", mla.DEFAULT_CONFIG, [
-        mla.DEFAULT_CONFIG, {**mla.DEFAULT_CONFIG, "min_tiles": 8}] + [
-        {**mla.DEFAULT_CONFIG, "tokens_as_rows": True, "block_n": block_n, "num_warps": warps, "maxnreg": maxnreg}
-        for block_n in (32, 64, 128) for warps in (4, 8) for maxnreg in (168, None)]),
+        {**mla.DEFAULT_CONFIG, "block_n": block_n, "min_tiles": min_tiles}
+        for block_n in (32, 64) for min_tiles in (1, 2, 4, 8)]),
     "mla-decode-128": ("MLA decode, 128 heads", mla.MANY_HEADS_CONFIG, [
-        mla.MANY_HEADS_CONFIG, {**mla.MANY_HEADS_CONFIG, "head_block": 64, "num_warps": 8}] + [
-        {**mla.MANY_HEADS_CONFIG, "tokens_as_rows": True, "head_block": hb, "block_n": block_n, "num_warps": warps}
-        for hb in (32, 64) for block_n in (64, 128) for warps in (4, 8)]),
+        {**mla.MANY_HEADS_CONFIG, "head_block": hb, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+        for hb, block_ns, warps_ in ((32, (32, 64, 128), (4, 8)), (64, (32, 64), (8,)))
+        for block_n in block_ns for warps in warps_ for stages in (1, 2)]),
 }
 
 

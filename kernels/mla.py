@@ -30,14 +30,12 @@ PROBE_PROGRAMS = 1001
 # min_tiles: tiles per range at least (kernels/work_split.py): a partial weighs as much as a tile. 2: the
 # fastest for a V2-Lite decode step's batch of 8 x 550 tokens (paged_h200 mla_split, cold latent per layer:
 # 20.6 us per layer against 24.1 at 1 and 33.8 at 8; one 64K sequence prefers 8: issue 14's kernel work).
-# tokens_as_rows: the products transposed (see _mla_tokens_transposed).
-DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 2,
-                  "tokens_as_rows": False}
+DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 2}
 # More than 16 heads (V2/V3's 128): compute-bound on the H200, 32-head blocks run the products on wider tensor-core
 # tiles. Of 18 configs (head block 16/32/64, block_n, warps) on 128 heads x 4K at batch 32 and 256
 # (kernels_h200_2026-12-01_*_grid), the fastest: 5.39x and 4.50x of the FLOP floor against 7.02x and 6.09x.
 MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block": 32, "maxnreg": None,
-                     "min_tiles": 2, "tokens_as_rows": False}
+                     "min_tiles": 2}
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator). Of 24 configs on a 4K prompt at 16 heads (same run), the fastest: 14.0x of the floor against 28.0x.
 PREFILL_CONFIG = {"rows": 32, "block_n": 64, "num_warps": 4, "num_stages": 2}
@@ -48,17 +46,9 @@ CPU_PREFILL_TILES = {"rows": 16, "block_n": 16}  # the interpreter runs small ti
 def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_block, stride_c_tok, q_pos,
                 ROWS: tl.constexpr, RANK: tl.constexpr, RANK_PAD: tl.constexpr,
                 ROPE: tl.constexpr, ROPE_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                TOKENS_AS_ROWS: tl.constexpr = False):
+                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Online softmax of ROWS query rows over latent tokens [start, end): (max, sum, unnormalized out).
-    CAUSAL: row r sees tokens up to q_pos[r] only (prefill); decode passes q_pos unused.
-    TOKENS_AS_ROWS (decode): the products run transposed, the tile's tokens as their rows and the heads as their
-    columns (scores^T = latent @ q^T, out^T += latent^T @ p^T), so 16 heads need not be a product's 16 rows."""
-    if TOKENS_AS_ROWS:
-        tl.static_assert(not CAUSAL, "the transposed products are decode's")
-        return _mla_tokens_transposed(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_block,
-                                      stride_c_tok, ROWS, RANK, RANK_PAD, ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N,
-                                      DOT_PRECISION, UPCAST)
+    CAUSAL: row r sees tokens up to q_pos[r] only (prefill); decode passes q_pos unused."""
     rank_dims = tl.arange(0, RANK_PAD)
     rank_mask = rank_dims < RANK
     rope_dims = tl.arange(0, ROPE_PAD)
@@ -80,41 +70,6 @@ def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_b
     return m, l, acc
 
 
-@triton.jit
-def _mla_tokens_transposed(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_block, stride_c_tok,
-                           ROWS: tl.constexpr, RANK: tl.constexpr, RANK_PAD: tl.constexpr,
-                           ROPE: tl.constexpr, ROPE_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                           BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """_mla_tokens with the products transposed: a decode's ROWS heads are the products' columns, BLOCK_N tokens
-    (and the rank's 512) their rows, the shape the H200's widest tensor-core instructions take."""
-    rank_dims = tl.arange(0, RANK_PAD)
-    rank_mask = rank_dims < RANK
-    rope_dims = tl.arange(0, ROPE_PAD)
-    rope_mask = rope_dims < ROPE
-    q_lat_t = tl.trans(q_lat)  # [RANK_PAD, ROWS]
-    q_pe_t = tl.trans(q_pe)
-    m = tl.full([ROWS], float("-inf"), tl.float32)
-    l = tl.zeros([ROWS], tl.float32)
-    acc_t = tl.zeros([RANK_PAD, ROWS], tl.float32)
-    for t0 in range(start, end, BLOCK_N):
-        toks = t0 + tl.arange(0, BLOCK_N)
-        tok_mask = toks < end
-        blocks = tl.load(bt_row + toks // BLOCK_SIZE, mask=tok_mask, other=0).to(tl.int64)
-        rows = cache_ptr + blocks * stride_c_block + (toks % BLOCK_SIZE) * stride_c_tok
-        kv_c = tl.load(rows[:, None] + rank_dims[None, :], mask=tok_mask[:, None] & rank_mask[None, :], other=0.0)
-        k_pe = tl.load(rows[:, None] + RANK + rope_dims[None, :], mask=tok_mask[:, None] & rope_mask[None, :],
-                       other=0.0)
-        s_t = dot(kv_c, q_lat_t, DOT_PRECISION, UPCAST) + dot(k_pe, q_pe_t, DOT_PRECISION, UPCAST)  # [BLOCK_N, ROWS]
-        s_t = tl.where(tok_mask[:, None], s_t * qk_scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s_t, 0))
-        alpha = tl.exp2(m - m_new)
-        p_t = tl.exp2(s_t - m_new[None, :])
-        l = l * alpha + tl.sum(p_t, 0)
-        acc_t = acc_t * alpha[None, :] + dot(tl.trans(kv_c), p_t.to(kv_c.dtype), DOT_PRECISION, UPCAST)
-        m = m_new
-    return m, l, tl.trans(acc_t)
-
-
 @triton.jit(do_not_specialize=RUN_TIME_INTS)
 def _mla_decode(
     q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
@@ -126,7 +81,7 @@ def _mla_decode(
     NUM_HEADS: tl.constexpr, HEAD_BLOCK: tl.constexpr, NUM_HEAD_BLOCKS: tl.constexpr,
     RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TOKENS_AS_ROWS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Range j of head block `head_block`'s tile line (kernels/work_split.py)."""
     pid = tl.program_id(0)
@@ -153,7 +108,7 @@ def _mla_decode(
         m, l, acc = _mla_tokens(q_lat, q_pe, cache_ptr, block_table_ptr + seq * stride_bt_seq,
                                 t_first * BLOCK_N, tl.minimum(t_last * BLOCK_N, seq_len), qk_scale,
                                 stride_c_block, stride_c_tok, 0, HEAD_BLOCK, RANK, RANK_PAD, ROPE, ROPE_PAD,
-                                BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION, UPCAST, TOKENS_AS_ROWS)
+                                BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION, UPCAST)
         store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, rank_dims, out_mask,
                            head_mask, rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first,
                            seg_end, last, HEAD_BLOCK, RANK)
@@ -237,7 +192,7 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
 def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
                num_programs=None):
     """Triton MLA decode. out: a buffer to write (tests poison it); config (block_n, num_warps,
-    num_stages, head_block, maxnreg, min_tiles, tokens_as_rows) and num_programs override the tuned defaults (DEFAULT_CONFIG up to
+    num_stages, head_block, maxnreg, min_tiles) and num_programs override the tuned defaults (DEFAULT_CONFIG up to
     16 heads, MANY_HEADS_CONFIG above) and the grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]
@@ -255,7 +210,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     consts = dict(NUM_HEADS=num_heads, HEAD_BLOCK=head_block, NUM_HEAD_BLOCKS=num_head_blocks,
                   RANK=rank, RANK_PAD=max(16, next_pow2(rank)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
                   BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
-                  MIN_TILES=cfg["min_tiles"], TOKENS_AS_ROWS=cfg["tokens_as_rows"],
+                  MIN_TILES=cfg["min_tiles"],
                   DOT_PRECISION=dot_precision(q_latent.dtype), UPCAST=upcast_dots(latent_cache),
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if on_gpu and cfg.get("maxnreg"):

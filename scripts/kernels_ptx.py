@@ -105,9 +105,6 @@ def launches() -> dict[str, tuple]:
         "mla 16 heads, rank 512 + rope 64": lambda: mla.mla_decode(
             torch.randn(seqs, 16, 512, dtype=bf16), torch.randn(seqs, 16, 64, dtype=bf16), latent, table, lens,
             0.072, num_programs=4),
-        "mla 16 heads, tokens as rows": lambda: mla.mla_decode(
-            torch.randn(seqs, 16, 512, dtype=bf16), torch.randn(seqs, 16, 64, dtype=bf16), latent, table, lens,
-            0.072, num_programs=4, config={"tokens_as_rows": True}),
         "mla prefill 16 heads, rank 512 + rope 64": lambda: mla.mla_prefill(
             torch.randn(14, 16, 512, dtype=bf16), torch.randn(14, 16, 64, dtype=bf16), latent, table, cu_q, lens,
             0.072, max_q_len=8, config=mla.PREFILL_CONFIG),

@@ -73,7 +73,7 @@ def test_one_long_sequence_merged_from_more_partials_than_a_combine_step_takes(m
     from kernels import work_split
 
     monkeypatch.setattr(work_split, "COMBINE_PROGRAMS_PER_SM", 10**6 if rows_split else 0)
-    monkeypatch.setattr(work_split, "COMBINE_J_SPLIT", 8)  # the GPU's 32 would take 20 partials in one step
+    monkeypatch.setattr(work_split, "COMBINE_J_SPLIT", 8)  # the GPU's 64 would take 20 partials in one step
     assert 20 > 2 * work_split.COMBINE_J_BLOCK
     q_heads, kv_heads = RATIOS[ratio]
     case = make_case(3, 8, q_heads, kv_heads, lengths=[16 * 20 + 3])  # 21 tiles of 16 keys on the CPU

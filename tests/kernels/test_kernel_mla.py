@@ -57,16 +57,6 @@ def test_one_long_sequence_merged_from_many_partials(monkeypatch, min_tiles, row
     assert_close(out, fp32_reference(*case))
 
 
-@pytest.mark.parametrize("heads", [4, 16, 20])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_tokens_as_rows_gives_the_same_answer(dtype, heads):
-    """The transposed products (tokens as rows, heads as columns): masked tail tokens, padded heads, split ranges."""
-    case = make_case(heads, 16, heads, [45, 0, 3, 70], dtype=DTYPES[dtype])
-    for num_programs in (None, 7):
-        out = mla_decode(*case, out=poisoned(case[0]), num_programs=num_programs, config={"tokens_as_rows": True})
-        assert_close(out, fp32_reference(*case))
-
-
 def test_deepseek_v2_lite_widths_bf16():
     case = make_case(2, 16, 16, [21, 7], rank=512, rope=64, dtype=torch.bfloat16)
     assert_close(mla_decode(*case, out=poisoned(case[0])), fp32_reference(*case))
