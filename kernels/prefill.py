@@ -86,8 +86,8 @@ def _prefill(
         masked_from = (prefix + tl.program_id(0) * BLOCK_Q) // BLOCK_N * BLOCK_N
     m, l, acc = attend_tokens(q, k_ptr, v_ptr, bt_row, kv_head, 0, masked_from, qk_scale,
                               stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
-                              stride_v_head, q_pos, BLOCK_Q * HEADS_PER_TOKEN, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N,
-                              False, DOT_PRECISION, UPCAST)
+                              stride_v_head, q_pos, BLOCK_Q * HEADS_PER_TOKEN, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE,
+                              BLOCK_N, False, DOT_PRECISION, UPCAST)
     m, l, acc = attend_more_tokens(m, l, acc, q, k_ptr, v_ptr, bt_row, kv_head, masked_from, kv_end, qk_scale,
                                    stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
                                    stride_v_head, q_pos, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, True,
