@@ -11,7 +11,7 @@ import sys
 import pytest
 
 KERNEL_MODULES = ("kernels.dot", "kernels.work_split", "kernels.cache_write", "kernels.decode", "kernels.prefill",
-                  "kernels.mla", "kernels.router", "kernels.moe", "kernels.norm", "kernels.rotary",
+                  "kernels.mla", "kernels.mla_mha", "kernels.router", "kernels.moe", "kernels.norm", "kernels.rotary",
                   "kernels.activation", "kernels.skinny_gemm")
 
 _before = os.environ.get("TRITON_INTERPRET")
