@@ -82,3 +82,21 @@ def test_config_sweep_table_ranks_by_the_worst_cell_and_a_wrong_output_last(monk
     ranked = [line.split()[1] for line in lines[2:]]  # each row starts with rows, block_n
     assert ranked[0] == "64" and sorted(ranked[1:]) == ["128", "32"]  # steady (1.6) first; the other two: err
     assert [line.split()[-1] for line in lines[2:]] == ["1.60", "err", "err"]
+
+
+def test_every_swept_config_names_the_same_fields_as_its_default():
+    """The sweep table keys a config by its default's fields: a field the default lacks would merge two configs
+    into one row, and a missing one would fall back to the default silently."""
+    for key, (title, default, configs) in kg.SWEEPS.items():
+        assert configs, key
+        for cfg in configs:
+            assert set(cfg) == set(default), (key, cfg)
+        assert len({tuple(cfg[f] for f in default) for cfg in configs}) == len(configs), f"{title}: a config twice"
+
+
+def test_sweep_of_picks_the_prefill_cells_and_the_named_decode_cells():
+    picked = {c.name: kg.sweep_of(c, kg.GRID) for c in kg.all_cells(kg.GRID) if kg.sweep_of(c, kg.GRID)}
+    assert picked["MLA 128h b256 x 4K"] == "mla-decode-128" and picked["MLA 16h b1 x 64K"] == "mla-decode-16"
+    assert "MLA 128h b8 x 4K" not in picked and "GQA 28/4 b1 x 128K" not in picked
+    prefills = [c for c in kg.all_cells(kg.GRID) if c.family in kg.PREFILLS]
+    assert all(kg.sweep_of(c, kg.GRID) in kg.SWEEPS for c in prefills)
