@@ -642,6 +642,7 @@ def mla_decode_cell(c, layers, gen):
     table, seq_lens, num_blocks = paged_batch(c, gen)
     caches = [bf16(num_blocks, BLOCK, c.head_dim + c.rope) for _ in range(layers)]
     (q_lat, q_pe, out), scale = mla_queries(c), (128 + 64) ** -0.5
+
     def step_with(cfg):
         return lambda: [mla.mla_decode(q_lat, q_pe, cache, table, seq_lens, scale, out=out, config=cfg)
                         for cache in caches]
@@ -1004,8 +1005,8 @@ def config_sweep_table(swept, key):
     log(f"{title} configs (default {default}), x floor per cell, best worst case first; "
         "err: failed or differs from the default's output")
     log(" ".join(f"{k[:8]:>8s}" for k in fields) + "".join(f"{r['name'][:20]:>22s}" for r in swept) + f"{'worst':>8s}")
-    for key, cells in sorted(by_cfg.items(), key=lambda kv: worst(kv[1])):
-        log(" ".join(f"{str(k):>8s}" for k in key) + "".join(shown(x(cells.get(r["name"], {})), 22) for r in swept)
+    for values, cells in sorted(by_cfg.items(), key=lambda kv: worst(kv[1])):
+        log(" ".join(f"{str(v):>8s}" for v in values) + "".join(shown(x(cells.get(r["name"], {})), 22) for r in swept)
             + shown(worst(cells), 8))
 
 

@@ -22,9 +22,9 @@ from .dot import dot, softmax_update
 fix_triton_interpreter()
 
 LOG2E = 1.4426950408889634
-# Untuned first guess, from dense prefill's sweep (kernels/prefill.py): 128 query rows on 8 warps. A 64-key tile's
-# nope, rope and value rows take 40 KiB of shared memory a stage; benchmarks/kernels_h200.py --config-sweep times
-# the variants.
+# 128 query rows on 8 warps, 64-key tiles, 3 stages (a tile's nope, rope and value rows: 40 KiB of shared memory a
+# stage). Of 24 configs on 16h x 4K and 32K and 128h x 4K (H200, kernels_h200_2026-12-01_*_grid-4), the best worst
+# case: 2.94x of the FLOP floor; 128-key tiles at 3 stages do not fit.
 CONFIG = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
 CPU_CONFIG = {"block_m": 16, "block_n": 16}  # the interpreter runs small tiles faster
 

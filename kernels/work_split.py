@@ -31,7 +31,7 @@ COMBINE_J_BLOCK = 8  # partials merged per step, all the unit's rows at once
 # A few sequences cut into hundreds of ranges (one long sequence) leave a grid of (sequence, unit, column block) too
 # few programs to merge them: on the H200 one 64K MLA sequence's 396 partials took 8 programs ~190 us. Below this
 # many programs per multiprocessor the combine takes ROW_BLOCK rows and DIM_SPLIT columns per program instead, J_SPLIT
-# partials a step (2 rows, 64 columns, 32 partials: 16.5 us for that sequence, kernels_h200_*_grid-4).
+# partials a step: 8.6 us for that sequence (kernels_h200_*_grid-5; 64 columns and 32 partials: 16.5 us, grid-4).
 COMBINE_PROGRAMS_PER_SM = 4
 COMBINE_ROW_BLOCK, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 64
 

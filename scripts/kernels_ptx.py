@@ -99,9 +99,11 @@ def launches() -> dict[str, tuple]:
                                                       0.088, num_programs=4),
         "prefill gqa 8/2": lambda: prefill.paged_prefill(torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens,
                                                          0.088, max_q_len=8),
-        "prefill gqa 8/2, GPU tiles, split causal": lambda: prefill.paged_prefill(
+        "prefill gqa 8/2, GPU config": lambda: prefill.paged_prefill(
+            torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens, 0.088, max_q_len=8, config=prefill.CONFIG),
+        "prefill gqa 8/2, GPU config, a KV head's group per program": lambda: prefill.paged_prefill(
             torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens, 0.088, max_q_len=8,
-            config={**prefill.CONFIG, "split_causal": True}),
+            config={**prefill.CONFIG, "one_head_per_program": False}),
         "mla 16 heads, rank 512 + rope 64": lambda: mla.mla_decode(
             torch.randn(seqs, 16, 512, dtype=bf16), torch.randn(seqs, 16, 64, dtype=bf16), latent, table, lens,
             0.072, num_programs=4),
