@@ -17,10 +17,8 @@ __all__ = ["preload", "paged_decode", "paged_prefill", "mla_decode", "mla_prefil
            "rotate_and_write_kv"]
 
 
-# mla_mha_prefill is not here: the paged stack does not call it yet (issue 14), and a module it does not run would
-# only add to what its measured runs hold
-TRITON_MODULES = ("decode", "prefill", "mla", "cache_write", "router", "moe", "norm", "rotary", "activation",
-                  "skinny_gemm")
+TRITON_MODULES = ("decode", "prefill", "mla", "mla_mha", "cache_write", "router", "moe", "norm", "rotary",
+                  "activation", "skinny_gemm")
 
 
 def preload(device) -> None:
@@ -102,7 +100,7 @@ def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_l
     from .reference import mla_mha_prefill as impl
 
     result = impl(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale)
-    return result.to(q_nope.dtype) if out is None else out.copy_(result)
+    return result if out is None else out.copy_(result)
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping):

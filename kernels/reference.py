@@ -122,13 +122,26 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
 
 
 def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale):
-    """MLA prefill in its decompressed form (kernels/mla_mha.py), computed absorbed: W_UK folded into the
-    query, attention over the latent (mla_prefill), W_UV after. The same in exact arithmetic; out [T, H, v]."""
-    heads, nope = q_nope.shape[1], q_nope.shape[2]
-    w = kv_b_weight.float().view(heads, -1, kv_b_weight.shape[1])  # [H, nope + v, rank]
-    q_latent = torch.einsum("thn,hnr->thr", q_nope.float(), w[:, :nope])
-    latent_out = mla_prefill(q_latent, q_pe.float(), latent_cache.float(), block_table, cu_seqlens_q, seq_lens, scale)
-    return torch.einsum("thr,hvr->thv", latent_out, w[:, nope:])
+    """MLA prefill decompressed (kernels/mla_mha.py): each sequence's latent rows through kv_b_proj (kv_b_weight
+    [H * (nope + v), rank]) into per-head keys (nope part; k_pe shared by the heads) and values, then causal
+    multi-head attention with (nope + rope)-wide scores. q_nope [T, H, nope], q_pe [T, H, rope]; out [T, H, v]."""
+    num_tokens, heads, nope = q_nope.shape
+    rank = kv_b_weight.shape[1]
+    v_dim = kv_b_weight.shape[0] // heads - nope
+    out = q_nope.new_zeros(num_tokens, heads, v_dim)
+    for i in range(len(seq_lens)):
+        start, end, length = int(cu_seqlens_q[i]), int(cu_seqlens_q[i + 1]), int(seq_lens[i])
+        if end == start:
+            continue
+        latent = _gather(latent_cache, block_table[i], length).float()  # [L, rank + rope]
+        kv = torch.nn.functional.linear(latent[:, :rank], kv_b_weight.float()).view(length, heads, nope + v_dim)
+        k_pe = latent[:, None, rank:].expand(-1, heads, -1)
+        k = torch.cat((kv[..., :nope], k_pe), dim=-1).transpose(0, 1)  # [H, L, nope + rope]
+        q = torch.cat((q_nope[start:end], q_pe[start:end]), dim=-1).transpose(0, 1)  # [H, Q, nope + rope]
+        q_pos = torch.arange(length - (end - start), length, device=q.device)
+        mask = torch.arange(length, device=q.device)[None, :] <= q_pos[:, None]  # [Q, L]
+        out[start:end] = _attend(q, k, kv[..., nope:].transpose(0, 1), scale, mask).transpose(0, 1).to(out.dtype)
+    return out
 
 
 def route(x, weight, bias, *, method, top_k, n_group, topk_group, normalise, scaling):

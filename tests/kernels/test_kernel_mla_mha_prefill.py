@@ -1,6 +1,6 @@
-"""MLA prefill in its decompressed form (Triton, under the interpreter) against the float32 reference, which computes
-it absorbed (W_UK into the query, W_UV after): the two forms agree, and the reference agrees with plain multi-head
-attention over the decompressed keys and values."""
+"""MLA prefill in its decompressed form (Triton, under the interpreter) against the float32 reference; the reference
+agrees with plain multi-head attention over the decompressed keys and values, and with the absorbed form (W_UK folded
+into the query, attention over the latent, W_UV after), which is the same in exact arithmetic."""
 import pytest
 import torch
 
@@ -77,6 +77,19 @@ def test_reference_equals_multi_head_attention_over_the_decompressed_context():
     dense = torch.einsum("hqk,khd->qhd", scores.softmax(-1), kv[..., 16:])
     out = reference.mla_mha_prefill(q_nope, q_pe, cache, table, cu, seq_lens, kv_b, scale)
     torch.testing.assert_close(out.double(), dense, rtol=1e-5, atol=1e-6)  # the reference computes in fp32
+
+
+def test_reference_equals_the_absorbed_form():
+    """The decode kernels' form of the same attention: W_UK folded into the query, the latent as one shared key and
+    value head (reference.mla_prefill), W_UV after."""
+    q_nope, q_pe, cache, table, cu, seq_lens, kv_b, scale = make_case(7, 8, 4, [6, 1, 9], [10, 4, 0],
+                                                                      dtype=torch.float64)
+    w = kv_b.view(4, 32, 32)  # [H, nope + v, rank]
+    q_latent = torch.einsum("thn,hnr->thr", q_nope, w[:, :16])
+    latent_out = reference.mla_prefill(q_latent, q_pe, cache, table, cu, seq_lens, scale)
+    absorbed = torch.einsum("thr,hvr->thv", latent_out, w[:, 16:])
+    out = reference.mla_mha_prefill(q_nope, q_pe, cache, table, cu, seq_lens, kv_b, scale)
+    torch.testing.assert_close(out, absorbed, rtol=1e-5, atol=1e-6)  # both compute in fp32
 
 
 def test_public_entry_point(monkeypatch):

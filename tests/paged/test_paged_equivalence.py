@@ -38,3 +38,28 @@ def test_blocks_reclaimed_and_kv_metrics_consistent(both):
     steps = [n for n, _ in probe.points]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)
     assert any("declared activation workspace" in n for n in paged.notes)
+
+
+def test_mla_prefill_runs_decompressed_and_absorbed_past_the_cap(tmp_path, monkeypatch):
+    """MLA prefill rows run decompressed while the step's keys and values fit DECOMPRESS_MAX_BYTES, absorbed past it
+    (a cap of 0 bytes): every step's prefill takes the path the cap says, and both give the same tokens."""
+    import kernels
+    from harness.stacks.paged import mla
+
+    calls = {"decompressed": 0, "absorbed": 0}
+
+    def counted(name, impl):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return impl(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(kernels, "mla_mha_prefill", counted("decompressed", kernels.mla_mha_prefill))
+    monkeypatch.setattr(kernels, "mla_prefill", counted("absorbed", kernels.mla_prefill))
+    wl = make_workload(tmp_path, "deepseek-v2-lite", stack_names=("paged",))
+    decompressed, _ = run_stack(PagedStack, wl)
+    assert calls["decompressed"] > 0 and calls["absorbed"] == 0
+    monkeypatch.setattr(mla, "DECOMPRESS_MAX_BYTES", 0)
+    absorbed, _ = run_stack(PagedStack, wl)
+    assert calls["absorbed"] == calls["decompressed"]  # the same prefill steps, now every one absorbed
+    assert absorbed.outputs == decompressed.outputs

@@ -1,9 +1,13 @@
 """Multi-head latent attention (DeepSeek-V2/V3) over a paged cache that holds only the latent: one
 (kv_lora_rank + qk_rope_head_dim)-wide row per token (576 for the published models), shared by all heads.
 
-Projections are absorbed: W_UK (from kv_b_proj) folds into the query, so attention runs in latent
-space straight over the cache, and W_UV maps the latent output back to per-head values. Decode rows
-go to kernels.mla_decode, the prefill chunks of every sequence to kernels.mla_prefill (one launch)."""
+Decode rows run absorbed (kernels.mla_decode): W_UK (from kv_b_proj) folds into the query, attention runs in latent
+space straight over the cache, reading each cached row once for all heads, and W_UV maps the latent output back to
+per-head values. Prefill rows are compute-bound: they run decompressed (kernels.mla_mha_prefill), each sequence's
+latent through kv_b_proj into per-head keys and values, then attention with 192-wide scores, a third of the absorbed
+form's FLOPs per (query, key) pair at DeepSeek's widths, as vLLM's MLA prefill does. The decompressed keys and values
+live for the layer's step; a step whose would pass DECOMPRESS_MAX_BYTES runs its prefill absorbed
+(kernels.mla_prefill), which holds nothing per context token."""
 from __future__ import annotations
 
 import torch
@@ -14,6 +18,9 @@ import kernels
 from .config import ModelSpec
 from .context import StepContext
 from .layers import Linear, RMSNorm, Rotary, fused_linear
+
+# 1 GiB: 128K context tokens of V2-Lite (16 heads x 256 values x 2 bytes = 8 KiB a token), 16K of V2 (128 heads)
+DECOMPRESS_MAX_BYTES = 1 << 30
 
 
 class MLAttention(nn.Module):
@@ -62,28 +69,42 @@ class MLAttention(nn.Module):
         return q, kv
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        t, h = x.shape[0], self.heads
+        t, h, nd = x.shape[0], self.heads, ctx.num_decode
         q, kv = self._project(x)
         q_nope, q_pe = q.view(t, h, -1).split([self.nope, self.rope], dim=-1)
         norm = self.kv_a_layernorm  # the latent normalised and rotated into the cache, the query rotated: one launch
         q_pe = kernels.write_latent(kv, norm.weight, norm.eps, ctx.cos, ctx.sin, self.rotary.interleaved,
                                     self.latent_cache, ctx.slot_mapping, q_pe=q_pe)
+        del kv
+        o = x.new_empty(t, h * self.v_dim)  # o_proj's input: every path writes its rows in place
+        absorbed = nd if self.decompresses(ctx) else t  # the first rows run absorbed: decode, and prefill past the cap
+        if absorbed:
+            self._absorbed(q_nope[:absorbed], q_pe[:absorbed], ctx, o[:absorbed])
+        if absorbed < t:
+            kernels.mla_mha_prefill(q_nope[nd:], q_pe[nd:], self.latent_cache, ctx.prefill_block_table,
+                                    ctx.cu_seqlens_q, ctx.prefill_seq_lens, self.kv_b_proj.weight, self.scale,
+                                    ctx.max_q_len, ctx.prefill_context_tokens, out=o[nd:].view(t - nd, h, self.v_dim))
+        del q, q_nope, q_pe
+        return self.o_proj(o)
+
+    def decompresses(self, ctx: StepContext) -> bool:
+        """Whether the step's prefill rows run decompressed: their keys and values fit DECOMPRESS_MAX_BYTES."""
+        per_token = self.heads * (self.nope + self.v_dim) * self.kv_b_proj.weight.element_size()
+        return ctx.prefill_context_tokens * per_token <= DECOMPRESS_MAX_BYTES
+
+    def _absorbed(self, q_nope, q_pe, ctx: StepContext, o: torch.Tensor) -> None:
+        """o [rows, heads x v] <- absorbed attention of the first rows: the decode rows, then (when the step's prefill
+        runs absorbed) the prefill rows."""
+        rows, h, nd = q_nope.shape[0], self.heads, ctx.num_decode
         w = self.kv_b_proj.weight.view(h, self.nope + self.v_dim, self.rank)
-        q_latent = torch.bmm(q_nope.transpose(0, 1), w[:, :self.nope]).transpose(0, 1)  # [t, h, rank]
-        del q, q_nope, kv  # views of the fused projection's output: it goes now, not after attention
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w[:, :self.nope]).transpose(0, 1)  # [rows, h, rank]
         out = torch.empty_like(q_latent)
-        nd = ctx.num_decode
         if nd:
             kernels.mla_decode(q_latent[:nd], q_pe[:nd], self.latent_cache, ctx.decode_block_table,
                                ctx.decode_seq_lens, self.scale, out=out[:nd])
-        if nd < t:
+        if nd < rows:
             kernels.mla_prefill(q_latent[nd:], q_pe[nd:], self.latent_cache, ctx.prefill_block_table,
                                 ctx.cu_seqlens_q, ctx.prefill_seq_lens, self.scale, ctx.max_q_len, out=out[nd:])
-        del q_latent, q_pe
-        w_uv = w[:, self.nope:].transpose(1, 2)
-        if out.is_cuda:  # cuBLAS writes each head's columns of o_proj's input in place (no transposing copy)
-            o = out.new_empty(t, h * self.v_dim)
-            torch.bmm(out.transpose(0, 1), w_uv, out=o.view(t, h, self.v_dim).transpose(0, 1))
-        else:  # (the CPU's BLAS would copy through a temporary: the CPU baselines keep today's allocations)
-            o = torch.bmm(out.transpose(0, 1), w_uv).transpose(0, 1).reshape(t, h * self.v_dim)
-        return self.o_proj(o)
+        del q_latent
+        w_uv = w[:, self.nope:].transpose(1, 2)  # each head's columns of o_proj's input written in place (cuBLAS
+        torch.bmm(out.transpose(0, 1), w_uv, out=o.view(rows, h, self.v_dim).transpose(0, 1))  # makes no copy)

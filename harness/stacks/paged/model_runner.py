@@ -90,7 +90,7 @@ class ModelRunner:
         ctx.prefill_block_table = torch.zeros(1, -(-n // block_size), dtype=torch.int32, device=self.device)
         ctx.cu_seqlens_q = self._tensor([0, n], torch.int32)
         ctx.prefill_seq_lens = self._tensor([n], torch.int32)
-        ctx.max_q_len = n
+        ctx.max_q_len = ctx.prefill_context_tokens = n
         hidden = self.model(torch.zeros(n, dtype=torch.int64, device=self.device), ctx)
         self.model.logits(hidden[-1:]).argmax(-1).tolist()
 
@@ -113,6 +113,7 @@ class ModelRunner:
             ctx.cu_seqlens_q = self._tensor(cu, torch.int32)
             ctx.prefill_seq_lens = self._tensor(seq_lens, torch.int32)
             ctx.max_q_len = max(q_lens)
+            ctx.prefill_context_tokens = sum(seq_lens)
         return ctx
 
     def _tensor(self, values, dtype) -> torch.Tensor:
