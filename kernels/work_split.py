@@ -32,7 +32,9 @@ COMBINE_J_BLOCK = 8  # partials merged per step, all the unit's rows at once
 # few programs to merge them: on the H200 one 64K MLA sequence's 396 partials took 8 programs ~190 us. Below this
 # many programs per multiprocessor the combine takes ROW_BLOCK rows and DIM_SPLIT columns per program instead, J_SPLIT
 # partials a step: 8.6 us for that sequence (kernels_h200_*_grid-5; 64 columns and 32 partials: 16.5 us, grid-4).
-COMBINE_PROGRAMS_PER_SM = 4
+# One per multiprocessor, not 4: at 4, 32 sequences x 4 KV heads took the split too, where most sequences are whole
+# and the added programs only exit (GQA 28/4 b32 x 1K 32.9 -> 36.2 us, grid-5).
+COMBINE_PROGRAMS_PER_SM = 1
 COMBINE_ROW_BLOCK, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 64
 
 

@@ -1,0 +1,60 @@
+"""Where paged decode's time goes, by Nsight Compute's hardware counters: each case's attention kernel launched once
+after its compile, for ncu to profile (one GPU).
+
+Usage (on the device machine; ncu's clock control off, as the device notes ask):
+  ncu --clock-control none -k regex:'_mla_decode|_decode' --launch-skip 0 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+      python3 benchmarks/decode_ncu.py [CASE ...]
+Without ncu it times each case (CUDA events, L2 not flushed) and prints a line per case, so a run shows what ran.
+
+Cases are kernels_h200.py grid cells (the same cache layout, block tables scattered at random), with a config name:
+the default, or a variant from CONFIGS.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.kernels_h200 import DECODE, MLA_DECODE, Cell, decode_cell, mla_decode_cell  # noqa: E402
+from kernels import mla  # noqa: E402
+
+CONFIGS = {  # MLA decode variants beside the default: 64-head blocks on two warpgroups (wgmma; no spills in the loop)
+    "mla-64-head-blocks": {**mla.MANY_HEADS_CONFIG, "head_block": 64, "num_warps": 8, "block_n": 64, "num_stages": 2},
+}
+CASES = {  # name: (cell, config name or None)
+    "mla16-b256x4K": (Cell(MLA_DECODE, 256, 4096, 1, 16, 1, 512, 64), None),
+    "mla128-b256x4K": (Cell(MLA_DECODE, 256, 4096, 1, 128, 1, 512, 64), None),
+    "mla128-b256x4K-64-head-blocks": (Cell(MLA_DECODE, 256, 4096, 1, 128, 1, 512, 64), "mla-64-head-blocks"),
+    "gqa28-b32x1K": (Cell(DECODE, 32, 1024, 1, 28, 4, 128), None),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cases", nargs="*", metavar="CASE", help=f"default: every one of {', '.join(CASES)}")
+    args = ap.parse_args()
+    unknown = [name for name in args.cases if name not in CASES]
+    if unknown:
+        ap.error(f"unknown case {unknown[0]!r}: the cases are {', '.join(CASES)}")
+    gen = torch.Generator().manual_seed(0)
+    for name in args.cases or CASES:
+        cell, config = CASES[name]
+        build = mla_decode_cell if cell.family == MLA_DECODE else decode_cell
+        fns = build(cell, 1, gen)
+        run = fns["with_config"](CONFIGS[config]) if config else fns["step"]
+        run()  # compile and warm up: ncu profiles this launch too, the second is the one to read
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        torch.cuda.synchronize()
+        print(f"{name}: {start.elapsed_time(end) * 1e3:.1f} us (one call, L2 warm)", flush=True)
+        del fns, run
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
