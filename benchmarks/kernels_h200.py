@@ -438,22 +438,26 @@ SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the c
     "mla-decode-16": ("MLA decode, 16 heads", mla.DEFAULT_CONFIG, [
         {**mla.DEFAULT_CONFIG, "block_n": block_n, "min_tiles": min_tiles}
         for block_n in (32, 64) for min_tiles in (1, 2, 4, 8)]),
+    # head block, key tile, warps, stages: the default; no spills in the loop (ptxas, sm_90): 32-head blocks on
+    # mma.sync, 64-head blocks on two warpgroups' wgmma (1.27 against the default's 1.69 ms at b256 x 4K under ncu)
     "mla-decode-128": ("MLA decode, 128 heads", mla.MANY_HEADS_CONFIG, [
         {**mla.MANY_HEADS_CONFIG, "head_block": hb, "block_n": block_n, "num_warps": warps, "num_stages": stages}
-        for hb, block_ns, warps_ in ((32, (32, 64, 128), (4, 8)), (64, (32, 64), (8,)))
-        for block_n in block_ns for warps in warps_ for stages in (1, 2)]),
+        for hb, block_n, warps, stages in ((32, 64, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2), (64, 64, 8, 2),
+                                           (64, 32, 8, 2), (64, 32, 8, 3))]),
 }
 
 
 def sweep_of(c, g):
     """The key of the sweep that covers cell c, or None: every prefill cell; MLA decode at 4K for the batches in
-    swept_mla_batches (each batch size compiles its own variants: two keep the cost down), and one 64K sequence."""
+    swept_mla_batches (each batch size compiles its own variants: two keep the cost down), and one long sequence (64K
+    at 16 heads, 128K above)."""
     if c.family in PREFILLS:
         return {PREFILL: "prefill", MLA_PREFILL: "mla-prefill", MLA_MHA_PREFILL: "mla-mha-prefill"}[c.family]
     if c.family != MLA_DECODE:
         return None
     many = c.q_heads > 16
-    if c.context == g["contexts"][1] and c.batch in g["swept_mla_batches"] or not many and c.context == g["long_mla"]:
+    one_long = c.batch == 1 and c.context == (g["contexts"][-1] if many else g["long_mla"])
+    if c.context == g["contexts"][1] and c.batch in g["swept_mla_batches"] or one_long:
         return "mla-decode-128" if many else "mla-decode-16"
     return None
 

@@ -36,6 +36,9 @@ COMBINE_J_BLOCK = 8  # partials merged per step, all the unit's rows at once
 # and the added programs only exit (GQA 28/4 b32 x 1K 32.9 -> 36.2 us, grid-5).
 COMBINE_PROGRAMS_PER_SM = 1
 COMBINE_ROW_BLOCK, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 64
+# Rows of a unit one combine program merges at most: MLA's 32- and 64-head blocks would hold a [J_BLOCK, rows, 64]
+# float32 tile of 128-256 registers a thread (ptxas: the 64-row combine spills), so their rows go to more programs.
+COMBINE_MAX_ROWS = 16
 
 
 @triton.jit
@@ -156,7 +159,8 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
     where that grid would leave the GPU mostly idle (few sequences)."""
     dim_block = min(COMBINE_DIM_BLOCK, max(16, next_pow2(head_dim)))
     num_seqs = seq_lens.shape[0]
-    row_block, j_block = max(2, next_pow2(rows)), COMBINE_J_BLOCK  # ROW_BLOCK 1 would be a different tl.arange
+    row_block = min(max(2, next_pow2(rows)), COMBINE_MAX_ROWS)  # ROW_BLOCK 1 would be a different tl.arange
+    j_block = COMBINE_J_BLOCK
     if num_seqs * units * triton.cdiv(head_dim, dim_block) < COMBINE_PROGRAMS_PER_SM * sm_count(out.device):
         row_block, j_block = min(row_block, COMBINE_ROW_BLOCK), COMBINE_J_SPLIT
         dim_block = min(dim_block, COMBINE_DIM_SPLIT)
