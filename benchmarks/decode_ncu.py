@@ -20,13 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.kernels_h200 import DECODE, MLA_DECODE, Cell, decode_cell, mla_decode_cell  # noqa: E402
 from kernels import mla  # noqa: E402
 
-CONFIGS = {  # MLA decode variants beside the default: 64-head blocks on two warpgroups (wgmma; no spills in the loop)
-    "mla-64-head-blocks": {**mla.MANY_HEADS_CONFIG, "head_block": 64, "num_warps": 8, "block_n": 64, "num_stages": 2},
+CONFIGS = {  # MLA decode variants beside the default: 32-head blocks at 128 heads (mma.sync; the loop spills)
+    "mla-32-head-blocks": mla.MID_HEADS_CONFIG,
 }
 CASES = {  # name: (cell, config name or None)
     "mla16-b256x4K": (Cell(MLA_DECODE, 256, 4096, 1, 16, 1, 512, 64), None),
     "mla128-b256x4K": (Cell(MLA_DECODE, 256, 4096, 1, 128, 1, 512, 64), None),
-    "mla128-b256x4K-64-head-blocks": (Cell(MLA_DECODE, 256, 4096, 1, 128, 1, 512, 64), "mla-64-head-blocks"),
+    "mla128-b256x4K-32-head-blocks": (Cell(MLA_DECODE, 256, 4096, 1, 128, 1, 512, 64), "mla-32-head-blocks"),
     "gqa28-b32x1K": (Cell(DECODE, 32, 1024, 1, 28, 4, 128), None),
 }
 

@@ -32,9 +32,10 @@ margin.
 
 --config-sweep [SWEEP ...] also times kernel configs (SWEEPS, every one unless named) on some grid cells, each
 variant checked against the default's output, and prints a table per sweep, best worst case first: dense prefill's
-(32), MLA prefill's absorbed (8) and decompressed (24) on their prefill cells, MLA decode's (8 at 16 heads, 16 at 128)
-at 4K for 32 and 256 sequences and on the 64K sequence. Estimated at about 5 more minutes for all (~140 compiles at
-~2 s, ~60 s of replays).
+(32), MLA prefill's absorbed (8) and decompressed (24) on their prefill cells, MLA decode's (8 at 16 heads, 6 at 128)
+at 4K for 32 and 256 sequences and on one long sequence (64K at 16 heads, 128K at 128), dense decode's (8) on four
+GQA 28/4 cells (swept_decode_cells). Estimated at about 5 more minutes for all (~150 compiles at ~2 s, ~60 s of
+replays).
 """
 import argparse
 import datetime
@@ -377,6 +378,8 @@ GRID = {
     "dense": ((28, 4), (32, 8), (32, 32)), "head_dim": 128,  # R1-Distill-Qwen-7B's GQA 28/4 first
     "long_mla": 65536,  # issue 14's "MLA, one sequence of 64K" row
     "swept_mla_batches": (32, 256),  # --config-sweep's MLA decode cells (128 heads, 4K)
+    # --config-sweep's dense decode cells: over 1.10x of the floor in grid-7, a floor of 15-500 us, 3 batch sizes
+    "swept_decode_cells": ("GQA 28/4 b32 x 1K", "GQA 28/4 b8 x 4K", "GQA 28/4 b1 x 32K", "GQA 28/4 b256 x 4K"),
     "profiled_batch": 8,  # decode cells up to this batch also get each kernel's time (torch.profiler)
     "prompts": (2048, 8192, 32768), "many": (8, 2048), "chunk": (2048, 30720),  # chunk: (new, cached prefix)
     "mla_prefill": (16, 4096, 192, 128),  # heads, prompt, the q/k and v widths of its FLOP floor (V2-Lite)
@@ -385,8 +388,9 @@ GRID = {
     "cold_bytes": 160e6, "max_layers": 64,  # a small cache is timed as layers' caches of this many bytes (> L2)
 }
 DRY_GRID = {  # --grid --dry-run: every family's code path on the CPU, one MHA cell over the cap, two layers
-    "batches": (1, 2), "contexts": (32, 64), "mla_heads": (16, 32), "rank": 64, "rope": 16,
+    "batches": (1, 2), "contexts": (32, 64), "mla_heads": (16, 40), "rank": 64, "rope": 16,
     "dense": ((7, 1), (8, 2), (4, 4)), "head_dim": 32, "long_mla": 96, "swept_mla_batches": (2,), "profiled_batch": 1,
+    "swept_decode_cells": ("GQA 7/1 b2 x 64",),
     "prompts": (32, 64, 96), "many": (3, 32), "chunk": (16, 48), "mla_prefill": (16, 64, 48, 32),
     "mla_mha_prefill": ((16, 64), (32, 96)),
     "cap_bytes": 40_000, "cold_bytes": 40_000, "max_layers": 2,
@@ -438,6 +442,13 @@ SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the c
     "mla-decode-16": ("MLA decode, 16 heads", mla.DEFAULT_CONFIG, [
         {**mla.DEFAULT_CONFIG, "block_n": block_n, "min_tiles": min_tiles}
         for block_n in (32, 64) for min_tiles in (1, 2, 4, 8)]),
+    # key tile, warps, stages, register cap: the default; then more programs a multiprocessor (Nsight Compute at GQA
+    # 28/4 b32 x 1K: 161 registers, 3 programs of 4 warps, 56% of the DRAM bandwidth), deeper pipelines, other tiles
+    "decode": ("paged decode", decode.DEFAULT_CONFIG, [
+        {**decode.DEFAULT_CONFIG, "block_n": block_n, "num_warps": warps, "num_stages": stages, "maxnreg": maxnreg}
+        for block_n, warps, stages, maxnreg in ((64, 4, 3, None), (64, 4, 3, 128), (64, 4, 4, None),
+                                                (64, 4, 2, None), (32, 4, 3, None), (32, 4, 4, 128), (64, 8, 3, None),
+                                                (128, 8, 3, None))]),
     # head block, key tile, warps, stages: the default; no spills in the loop (ptxas, sm_90): 32-head blocks on
     # mma.sync, 64-head blocks on two warpgroups' wgmma (1.27 against the default's 1.69 ms at b256 x 4K under ncu)
     "mla-decode-128": ("MLA decode, 128 heads", mla.MANY_HEADS_CONFIG, [
@@ -453,6 +464,8 @@ def sweep_of(c, g):
     at 16 heads, 128K above)."""
     if c.family in PREFILLS:
         return {PREFILL: "prefill", MLA_PREFILL: "mla-prefill", MLA_MHA_PREFILL: "mla-mha-prefill"}[c.family]
+    if c.family == DECODE:
+        return "decode" if c.name in g["swept_decode_cells"] else None
     if c.family != MLA_DECODE:
         return None
     many = c.q_heads > 16
@@ -634,6 +647,9 @@ def decode_cell(c, layers, gen):
     q, scale = bf16(c.batch, c.q_heads, c.head_dim), c.head_dim ** -0.5
     k0, v0 = caches[0]
     return {"step": lambda: [kernels.paged_decode(q, k, v, table, seq_lens, scale) for k, v in caches],
+            "with_config": lambda cfg: lambda: [decode.paged_decode(q, k, v, table, seq_lens, scale, config=cfg)
+                                                for k, v in caches],
+            "output_with": lambda cfg: decode.paged_decode(q, k0, v0, table, seq_lens, scale, config=cfg),
             "output": lambda: kernels.paged_decode(q, k0, v0, table, seq_lens, scale),
             "reference": lambda: reference.paged_decode(q.float(), k0.float(), v0.float(), table, seq_lens, scale)}
 
@@ -1055,8 +1071,8 @@ def main():
     env = {"date": datetime.date.today().isoformat(), "device": name, "sms": sms,
            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
            "defaults": {"decode": decode.DEFAULT_CONFIG, "mla": mla.DEFAULT_CONFIG,
-                        "mla_many_heads": mla.MANY_HEADS_CONFIG, "mla_prefill": mla.PREFILL_CONFIG,
-                        "mla_mha_prefill": mla_mha.CONFIG,
+                        "mla_mid_heads": mla.MID_HEADS_CONFIG, "mla_many_heads": mla.MANY_HEADS_CONFIG,
+                        "mla_prefill": mla.PREFILL_CONFIG, "mla_mha_prefill": mla_mha.CONFIG,
                         "prefill": prefill.CONFIG}}
     log("env", json.dumps(env))
     torch.manual_seed(0)

@@ -24,7 +24,7 @@ LOG2E = 1.4426950408889634
 PROBE_PROGRAMS = 1001
 # Tuned on the H200 (benchmarks/results/): tokens per loop step, warps, pipeline depth; min_tiles: tiles per range
 # at least (kernels/work_split.py; benchmarks/paged_h200.py's decode_split section times 1, 2, 4, 8).
-DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "min_tiles": 1}
+DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "maxnreg": None, "min_tiles": 1}
 
 
 @triton.jit

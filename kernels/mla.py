@@ -31,11 +31,15 @@ PROBE_PROGRAMS = 1001
 # fastest for a V2-Lite decode step's batch of 8 x 550 tokens (paged_h200 mla_split, cold latent per layer:
 # 20.6 us per layer against 24.1 at 1 and 33.8 at 8; one 64K sequence prefers 8: issue 14's kernel work).
 DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 2}
-# More than 16 heads (V2/V3's 128): compute-bound on the H200, 32-head blocks run the products on wider tensor-core
-# tiles. Of 18 configs (head block 16/32/64, block_n, warps) on 128 heads x 4K at batch 32 and 256
-# (kernels_h200_2026-12-01_*_grid), the fastest: 5.39x and 4.50x of the FLOP floor against 7.02x and 6.09x.
-MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block": 32, "maxnreg": None,
-                     "min_tiles": 2}
+# 17 to 32 heads (V2/V3 over 4 tensor-parallel ranks): 32-head blocks run the products on wider tensor-core tiles. Of
+# 18 configs on 128 heads x 4K at batch 32 and 256 (kernels_h200_2026-12-01_*_grid), the fastest then: 5.39x and 4.50x
+# of the FLOP floor against 16-head blocks' 7.02x and 6.09x.
+MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block": 32, "maxnreg": None, "min_tiles": 2}
+# More than 32 heads (V2/V3's 128, compute-bound on the H200): 64-head blocks on two warpgroups, wgmma with no spills in
+# the loop (the 32-head blocks' loop spills: ptxas, and 11.9M local-memory requests under Nsight Compute). Of 6 configs
+# with the combine's rows capped (kernels_h200_2026-12-01_*_grid-7): 4.78x / 3.53x / 3.78x of the floor at b32 x 4K,
+# b256 x 4K and one 128K sequence, against the 32-head blocks' 5.39x / 4.59x / 4.62x.
+MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2}
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator). Of 24 configs on a 4K prompt at 16 heads (same run), the fastest: 14.0x of the floor against 28.0x.
 PREFILL_CONFIG = {"rows": 32, "block_n": 64, "num_warps": 4, "num_stages": 2}
@@ -189,17 +193,22 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
     return out
 
 
+def decode_config(num_heads: int) -> dict:
+    """The tuned decode config for this many heads (per tensor-parallel rank)."""
+    return DEFAULT_CONFIG if num_heads <= 16 else MID_HEADS_CONFIG if num_heads <= 32 else MANY_HEADS_CONFIG
+
+
 def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
                num_programs=None):
     """Triton MLA decode. out: a buffer to write (tests poison it); config (block_n, num_warps,
-    num_stages, head_block, maxnreg, min_tiles) and num_programs override the tuned defaults (DEFAULT_CONFIG up to
-    16 heads, MANY_HEADS_CONFIG above) and the grid."""
+    num_stages, head_block, maxnreg, min_tiles) and num_programs override the tuned defaults (decode_config) and the
+    grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]
     _, block_size, width = latent_cache.shape
     assert width == rank + rope, f"latent cache rows are {width} wide, queries {rank} + {rope}"
     assert q_latent.stride(-1) == 1 and q_pe.stride(-1) == 1 and latent_cache.stride(-1) == 1
-    cfg = {**(DEFAULT_CONFIG if num_heads <= 16 else MANY_HEADS_CONFIG), **(config or {})}
+    cfg = {**decode_config(num_heads), **(config or {})}
     on_gpu = q_latent.device.type == "cuda"
     out = torch.empty_like(q_latent) if out is None else out
     if num_seqs == 0:

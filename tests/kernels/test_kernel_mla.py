@@ -24,7 +24,7 @@ def fp32_reference(q_latent, q_pe, cache, table, seq_lens, scale):
     return reference.mla_decode(q_latent.float(), q_pe.float(), cache.float(), table, seq_lens, scale)
 
 
-@pytest.mark.parametrize("heads", [4, 16, 20])  # padded to a block of 16; one block; two blocks
+@pytest.mark.parametrize("heads", [4, 16, 20, 40])  # padded to 16; one block; 32-head block; 64-head block
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_matches_reference_fp32(block_size, heads):
     case = make_case(block_size + heads, block_size, heads, [block_size * 2 + 5, 1, 13])
