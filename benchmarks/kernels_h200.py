@@ -33,8 +33,8 @@ margin.
 --config-sweep [SWEEP ...] also times kernel configs (SWEEPS, every one unless named) on some grid cells, each
 variant checked against the default's output, and prints a table per sweep, best worst case first: dense prefill's
 (32), MLA prefill's absorbed (8) and decompressed (24) on their prefill cells, MLA decode's (8 at 16 heads, 6 at 128)
-at 4K for 32 and 256 sequences and on one long sequence (64K at 16 heads, 128K at 128), dense decode's (8) on four
-GQA 28/4 cells (swept_decode_cells). Estimated at about 5 more minutes for all (~150 compiles at ~2 s, ~60 s of
+at 4K for 32 and 256 sequences and on one long sequence (64K at 16 heads, 128K at 128), dense decode's (8) on six
+cells (swept_decode_cells). Estimated at about 5 more minutes for all (~150 compiles at ~2 s, ~60 s of
 replays).
 """
 import argparse
@@ -378,8 +378,9 @@ GRID = {
     "dense": ((28, 4), (32, 8), (32, 32)), "head_dim": 128,  # R1-Distill-Qwen-7B's GQA 28/4 first
     "long_mla": 65536,  # issue 14's "MLA, one sequence of 64K" row
     "swept_mla_batches": (32, 256),  # --config-sweep's MLA decode cells (128 heads, 4K)
-    # --config-sweep's dense decode cells: over 1.10x of the floor in grid-7, a floor of 15-500 us, 3 batch sizes
-    "swept_decode_cells": ("GQA 28/4 b32 x 1K", "GQA 28/4 b8 x 4K", "GQA 28/4 b1 x 32K", "GQA 28/4 b256 x 4K"),
+    # --config-sweep's dense decode cells: over 1.10x of the floor in grid-7, floors of 15-500 us, 4 batch sizes
+    "swept_decode_cells": ("GQA 28/4 b32 x 1K", "GQA 28/4 b8 x 4K", "GQA 28/4 b1 x 32K", "GQA 28/4 b256 x 4K",
+                           "GQA 28/4 b128 x 1K", "GQA 32/8 b1 x 128K"),
     "profiled_batch": 8,  # decode cells up to this batch also get each kernel's time (torch.profiler)
     "prompts": (2048, 8192, 32768), "many": (8, 2048), "chunk": (2048, 30720),  # chunk: (new, cached prefix)
     "mla_prefill": (16, 4096, 192, 128),  # heads, prompt, the q/k and v widths of its FLOP floor (V2-Lite)
@@ -439,16 +440,20 @@ SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the c
     "mla-mha-prefill": (MLA_MHA_PREFILL, mla_mha.CONFIG, [
         {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
         for block_m in (64, 128) for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)]),
+    # key tile, stages, register cap, min_tiles: the default; more programs a multiprocessor (Nsight Compute at b256 x
+    # 4K: 74% of the DRAM bandwidth, 3 programs of 4 warps at 168 registers) or deeper pipelines
     "mla-decode-16": ("MLA decode, 16 heads", mla.DEFAULT_CONFIG, [
-        {**mla.DEFAULT_CONFIG, "block_n": block_n, "min_tiles": min_tiles}
-        for block_n in (32, 64) for min_tiles in (1, 2, 4, 8)]),
+        {**mla.DEFAULT_CONFIG, "block_n": block_n, "num_stages": stages, "maxnreg": maxnreg, "min_tiles": min_tiles}
+        for block_n, stages, maxnreg, min_tiles in ((32, 2, 168, 2), (32, 2, 128, 2), (32, 3, 168, 2), (32, 3, 128, 2),
+                                                    (32, 2, None, 2), (16, 2, 128, 2), (32, 2, 168, 4),
+                                                    (64, 2, 168, 2))]),
     # key tile, warps, stages, register cap: the default; then more programs a multiprocessor (Nsight Compute at GQA
     # 28/4 b32 x 1K: 161 registers, 3 programs of 4 warps, 56% of the DRAM bandwidth), deeper pipelines, other tiles
     "decode": ("paged decode", decode.DEFAULT_CONFIG, [
         {**decode.DEFAULT_CONFIG, "block_n": block_n, "num_warps": warps, "num_stages": stages, "maxnreg": maxnreg}
-        for block_n, warps, stages, maxnreg in ((64, 4, 3, None), (64, 4, 3, 128), (64, 4, 4, None),
-                                                (64, 4, 2, None), (32, 4, 3, None), (32, 4, 4, 128), (64, 8, 3, None),
-                                                (128, 8, 3, None))]),
+        for block_n, warps, stages, maxnreg in ((64, 4, 2, None), (64, 4, 3, None), (64, 4, 3, 128),
+                                                (64, 4, 2, 128), (32, 4, 2, None), (32, 4, 4, 128), (64, 4, 4, None),
+                                                (128, 4, 2, None))]),
     # head block, key tile, warps, stages: the default; no spills in the loop (ptxas, sm_90): 32-head blocks on
     # mma.sync, 64-head blocks on two warpgroups' wgmma (1.27 against the default's 1.69 ms at b256 x 4K under ncu)
     "mla-decode-128": ("MLA decode, 128 heads", mla.MANY_HEADS_CONFIG, [
