@@ -107,6 +107,9 @@ def launches() -> dict[str, tuple]:
         "mla 16 heads, rank 512 + rope 64": lambda: mla.mla_decode(
             torch.randn(seqs, 16, 512, dtype=bf16), torch.randn(seqs, 16, 64, dtype=bf16), latent, table, lens,
             0.072, num_programs=4),
+        "mla 128 heads, 64-head blocks on 8 warps (the CPU path's 16-token tiles)": lambda: mla.mla_decode(
+            torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
+            0.072, num_programs=4, config=mla.MANY_HEADS_CONFIG),
         "mla prefill 16 heads, rank 512 + rope 64": lambda: mla.mla_prefill(
             torch.randn(14, 16, 512, dtype=bf16), torch.randn(14, 16, 64, dtype=bf16), latent, table, cu_q, lens,
             0.072, max_q_len=8, config=mla.PREFILL_CONFIG),
