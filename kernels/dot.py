@@ -16,14 +16,19 @@ def dot(a, b, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def softmax_update(s, toks, end, q_pos, m, l, CAUSAL: tl.constexpr):
+def softmax_update(s, toks, end, q_pos, m, l, CAUSAL: tl.constexpr, EMPTY_ROWS: tl.constexpr = False):
     """One tile of the online softmax: scores s [rows, tile] (log2 units) of tokens `toks`, those >= end masked
     out and, with CAUSAL, those past each row's q_pos -> (new max, new sum, p, alpha). The caller rescales its
-    accumulator by alpha and adds p @ V. Every row sees token 0 in the first tile, so the max is finite after."""
+    accumulator by alpha and adds p @ V. Every row sees token 0 in the first tile, so the max is finite after;
+    EMPTY_ROWS where a row may have seen no token yet (a window of the context that starts past it): its max stays
+    -inf, its sum and weights 0."""
     s = tl.where((toks < end)[None, :], s, float("-inf"))
     if CAUSAL:
         s = tl.where(toks[None, :] <= q_pos[:, None], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_ref = m_new
+    if EMPTY_ROWS:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no -inf - -inf
+    alpha = tl.exp2(m - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
     return m_new, l * alpha + tl.sum(p, 1), p, alpha

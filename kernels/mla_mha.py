@@ -11,6 +11,10 @@ The decompressed keys and values of the whole context live for the call: context
 
 One program takes BLOCK_M new tokens of one head and sequence (no padding of rows); the key tiles below the causal
 diagonal run unmasked, the diagonal's masked (kernels/prefill.py's split_causal).
+
+Context windows: the decompressed keys and values of at most CONTEXT_WINDOW_BYTES are held at a time. A longer context
+(all sequences' tokens, packed) is taken window by window, as vLLM's MLA prefill chunks its context: each window's
+attention comes out with its log-sum-exp, and the windows are merged.
 """
 import torch
 import triton
@@ -27,6 +31,9 @@ LOG2E = 1.4426950408889634
 # case: 2.94x of the FLOP floor; 128-key tiles at 3 stages do not fit.
 CONFIG = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
 CPU_CONFIG = {"block_m": 16, "block_n": 16}  # the interpreter runs small tiles faster
+# 1 GiB of decompressed keys and values at a time: 128K context tokens of V2-Lite (16 heads x 256 values x 2 bytes), 16K
+# of V2 (128 heads)
+CONTEXT_WINDOW_BYTES = 1 << 30
 
 
 @triton.jit
@@ -34,7 +41,7 @@ def _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start,
             stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
             NOPE: tl.constexpr, NOPE_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
             V_DIM: tl.constexpr, V_PAD: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-            DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+            WINDOWED: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """The online softmax (m, l, acc) carried over context tokens [start, end) of one sequence and head."""
     nope_dims = tl.arange(0, NOPE_PAD)
     rope_dims = tl.arange(0, ROPE_PAD)
@@ -48,24 +55,27 @@ def _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start,
         k_pe = tl.load(k_pe_ptr + rows[:, None] * stride_kp_tok + rope_dims[None, :],
                        mask=tok_mask[:, None] & (rope_dims < ROPE)[None, :], other=0.0)
         s = dot(q_nope, tl.trans(k), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
-        m, l, p, alpha = softmax_update(s * qk_scale, toks, end, q_pos, m, l, CAUSAL)
+        m, l, p, alpha = softmax_update(s * qk_scale, toks, end, q_pos, m, l, CAUSAL, WINDOWED)
         v = tl.load(v_ptr + rows[:, None] * stride_v_tok + head * stride_v_head + v_dims[None, :],
                     mask=tok_mask[:, None] & (v_dims < V_DIM)[None, :], other=0.0)
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
     return m, l, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window_start", "window_end"])  # one compiled variant for every window
 def _mha_prefill(
-    q_nope_ptr, q_pe_ptr, k_nope_ptr, k_pe_ptr, v_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, out_ptr, qk_scale,
+    q_nope_ptr, q_pe_ptr, k_nope_ptr, k_pe_ptr, v_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, out_ptr, lse_ptr, qk_scale,
+    window_start, window_end,
     stride_qn_tok, stride_qn_head, stride_qp_tok, stride_qp_head,
     stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
-    stride_o_tok, stride_o_head,
+    stride_o_tok, stride_o_head, stride_lse_tok,
     NOPE: tl.constexpr, NOPE_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    WINDOWED: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Grid (query tile, head, sequence). A sequence's new tokens are the last q_len of its k_len context tokens."""
+    """Grid (query tile, head, sequence). A sequence's new tokens are the last q_len of its k_len context tokens.
+    WINDOWED: the keys and values hold the packed context tokens [window_start, window_end) only, each row attends
+    over its sequence's tokens there, and writes its log-sum-exp (log2, -inf where it saw none) beside its output."""
     head = tl.program_id(1)
     seq = tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
@@ -74,6 +84,10 @@ def _mha_prefill(
         return
     k_start = tl.load(cu_seqlens_k_ptr + seq)
     prefix = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start - q_len
+    first = 0  # the sequence's first context token in the keys held, and where its row 0 is in them
+    if WINDOWED:
+        first = tl.maximum(window_start - k_start, 0)
+        k_start -= window_start
     tok = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = tok < q_len
     tok64 = (q_start + tok).to(tl.int64)
@@ -87,52 +101,74 @@ def _mha_prefill(
     q_pos = prefix + tok
     kv_end = prefix + tl.minimum(q_len, (tl.program_id(0) + 1) * BLOCK_M)  # the tile's last query sees no further
     masked_from = (prefix + tl.program_id(0) * BLOCK_M) // BLOCK_N * BLOCK_N  # every row sees the tiles before
+    if WINDOWED:
+        kv_end = tl.minimum(kv_end, window_end - window_start - k_start)
+        masked_from = tl.minimum(tl.maximum(masked_from, first), kv_end)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, V_PAD], tl.float32)
-    m, l, acc = _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start, 0, masked_from, q_pos,
-                        qk_scale, stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
-                        NOPE, NOPE_PAD, ROPE, ROPE_PAD, V_DIM, V_PAD, BLOCK_N, False, DOT_PRECISION, UPCAST)
+    m, l, acc = _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start, first, masked_from,
+                        q_pos, qk_scale, stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
+                        NOPE, NOPE_PAD, ROPE, ROPE_PAD, V_DIM, V_PAD, BLOCK_N, False, WINDOWED, DOT_PRECISION, UPCAST)
     m, l, acc = _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start, masked_from, kv_end,
                         q_pos, qk_scale, stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
-                        NOPE, NOPE_PAD, ROPE, ROPE_PAD, V_DIM, V_PAD, BLOCK_N, True, DOT_PRECISION, UPCAST)
-    l = tl.where(l == 0.0, 1.0, l)
+                        NOPE, NOPE_PAD, ROPE, ROPE_PAD, V_DIM, V_PAD, BLOCK_N, True, WINDOWED, DOT_PRECISION, UPCAST)
+    if WINDOWED:
+        lse = tl.where(l > 0.0, m + tl.log2(l), float("-inf"))
+        tl.store(lse_ptr + tok64 * stride_lse_tok + head, lse, mask=row_mask)
+    l_safe = tl.where(l == 0.0, 1.0, l)
     tl.store(out_ptr + tok64[:, None] * stride_o_tok + head * stride_o_head + v_dims[None, :],
-             (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (v_dims < V_DIM)[None, :])
+             (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (v_dims < V_DIM)[None, :])
 
 
-def context_slots(block_table, seq_lens, block_size, context_tokens):
-    """The cache slots of every sequence's tokens 0..seq_len-1, sequence after sequence (context_tokens of them in
-    all), and the cumulative context lengths [S + 1]. No host sync: a CUDA graph can capture it."""
+def context_slots(block_table, seq_lens, block_size, start, count):
+    """The cache slots of the packed context tokens [start, start + count) (every sequence's tokens 0..seq_len-1,
+    sequence after sequence), and the cumulative context lengths [S + 1]. No host sync: a CUDA graph can capture it."""
     cu_k = torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int64, device=seq_lens.device)
     torch.cumsum(seq_lens, 0, out=cu_k[1:])
-    token = torch.arange(context_tokens, device=seq_lens.device)
+    token = torch.arange(start, start + count, device=seq_lens.device)
     seq = torch.searchsorted(cu_k[1:], token, right=True)
     pos = token - cu_k[seq]
     return block_table[seq, pos // block_size].long() * block_size + pos % block_size, cu_k
 
 
-def decompress_context(latent_cache, block_table, seq_lens, kv_b_weight, heads, context_tokens):
-    """Every sequence's latent rows gathered from the paged cache, their kv_c through kv_b_proj: (per-head keys' nope
-    part then values [C, H, nope + v], the shared k_pe [C, rope], cumulative context lengths [S + 1])."""
+def decompress_context(latent_cache, block_table, seq_lens, kv_b_weight, heads, start, count):
+    """The packed context tokens [start, start + count): their latent rows gathered from the paged cache, kv_c through
+    kv_b_proj: (per-head keys' nope part then values [count, H, nope + v], the shared k_pe [count, rope], cumulative
+    context lengths [S + 1])."""
     _, block_size, width = latent_cache.shape
     rank = kv_b_weight.shape[1]
-    slots, cu_k = context_slots(block_table, seq_lens, block_size, context_tokens)
+    slots, cu_k = context_slots(block_table, seq_lens, block_size, start, count)
     latent = latent_cache.view(-1, width)[slots]
     kv = torch.nn.functional.linear(latent[:, :rank], kv_b_weight).view(latent.shape[0], heads, -1)
     return kv, latent[:, rank:], cu_k
 
 
+def window_tokens(kv_b_weight, latent_cache) -> int:
+    """Context tokens a window holds: CONTEXT_WINDOW_BYTES of decompressed keys and values and gathered latent rows."""
+    per_token = kv_b_weight.shape[0] * kv_b_weight.element_size() + latent_cache.shape[-1] * latent_cache.element_size()
+    return max(1, CONTEXT_WINDOW_BYTES // per_token)
+
+
+def merge_window(out, lse, part, part_lse):
+    """out, lse <- the attention over what both saw, in place: out and part [T, H, v] float32, each normalised over its
+    keys; lse and part_lse [T, H] their log2-sum-exp (-inf: no keys)."""
+    both = torch.logaddexp2(lse, part_lse)
+    seen = both > float("-inf")
+    out.mul_(torch.where(seen, torch.exp2(lse - both), 0.0)[..., None])
+    out.add_(part * torch.where(seen, torch.exp2(part_lse - both), 0.0)[..., None])
+    lse.copy_(both)
+
+
 def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale,
-                    max_q_len=None, context_tokens=None, *, out=None, config=None):
+                    max_q_len=None, context_tokens=None, *, out=None, config=None, window=None):
     """q_nope [T, H, nope] and q_pe [T, H, rope] (rotated) of every sequence's new tokens, packed by cu_seqlens_q,
     their latent rows already in the cache; kv_b_weight [H * (nope + v), rank] (kv_b_proj). out [T, H, v]: attention
     in value space, ready for o_proj. max_q_len and context_tokens (the sum of seq_lens) are read from the device
-    where not given."""
+    where not given. window: context tokens decompressed at a time (default: window_tokens)."""
     num_tokens, heads, nope = q_nope.shape
-    rope = q_pe.shape[-1]
     v_dim = kv_b_weight.shape[0] // heads - nope
-    assert latent_cache.shape[-1] == kv_b_weight.shape[1] + rope, "latent rows are kv_c then k_pe"
+    assert latent_cache.shape[-1] == kv_b_weight.shape[1] + q_pe.shape[-1], "latent rows are kv_c then k_pe"
     out = q_nope.new_empty(num_tokens, heads, v_dim) if out is None else out
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
@@ -141,18 +177,40 @@ def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_l
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     if context_tokens is None:
         context_tokens = int(seq_lens.sum())
-    kv, k_pe, cu_k = decompress_context(latent_cache, block_table, seq_lens, kv_b_weight, heads, context_tokens)
-    k_nope, v = kv[..., :nope], kv[..., nope:]
+    window = window or window_tokens(kv_b_weight, latent_cache)
     cfg = {**CONFIG, **(CPU_CONFIG if q_nope.device.type == "cpu" else {}), **(config or {})}
+
+    def attend(start, count, dest, lse):
+        kv, k_pe, cu_k = decompress_context(latent_cache, block_table, seq_lens, kv_b_weight, heads, start, count)
+        _launch(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, dest, lse, scale, start, start + count, max_q_len, cfg)
+
+    if context_tokens <= window:
+        attend(0, context_tokens, out, None)
+        return out
+    merged = torch.zeros(num_tokens, heads, v_dim, device=out.device, dtype=torch.float32)
+    merged_lse = torch.full((num_tokens, heads), float("-inf"), device=out.device)
+    part, part_lse = torch.empty_like(merged), torch.empty_like(merged_lse)
+    for start in range(0, context_tokens, window):
+        attend(start, min(window, context_tokens - start), part, part_lse)
+        merge_window(merged, merged_lse, part, part_lse)
+    return out.copy_(merged)
+
+
+def _launch(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, out, lse, scale, window_start, window_end, max_q_len, cfg):
+    """_mha_prefill over the keys and values of the packed context tokens [window_start, window_end); with lse (a
+    window of a longer context) each row's log-sum-exp is written there too."""
+    num_seqs, heads, nope = cu_seqlens_q.shape[0] - 1, q_nope.shape[1], q_nope.shape[2]
+    rope, v_dim = q_pe.shape[-1], out.shape[-1]
+    k_nope, v = kv[..., :nope], kv[..., nope:]
     grid = (triton.cdiv(max_q_len, cfg["block_m"]), heads, num_seqs)
     _mha_prefill[grid](
-        q_nope, q_pe, k_nope, k_pe, v, cu_seqlens_q, cu_k, out, scale * LOG2E,
+        q_nope, q_pe, k_nope, k_pe, v, cu_seqlens_q, cu_k, out, out if lse is None else lse, scale * LOG2E,
+        window_start, window_end,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
         k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), v.stride(0), v.stride(1),
-        out.stride(0), out.stride(1),
+        out.stride(0), out.stride(1), 0 if lse is None else lse.stride(0),
         NOPE=nope, NOPE_PAD=max(16, next_pow2(nope)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
         V_DIM=v_dim, V_PAD=max(16, next_pow2(v_dim)), BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
-        DOT_PRECISION=dot_precision(q_nope.dtype), UPCAST=upcast_dots(q_nope),
+        WINDOWED=lse is not None, DOT_PRECISION=dot_precision(q_nope.dtype), UPCAST=upcast_dots(q_nope),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    return out

@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 import kernels  # noqa: E402
 from kernel_helpers import assert_close, poisoned, randn, scattered_block_table  # noqa: E402
 from kernels import reference  # noqa: E402
-from kernels.mla_mha import mla_mha_prefill  # noqa: E402
+from kernels.mla_mha import mla_mha_prefill, window_tokens  # noqa: E402
 
 
 def make_case(seed, block_size, heads, new, prefixes, rank=32, rope=16, nope=16, v_dim=16, dtype=torch.float32):
@@ -55,6 +55,15 @@ def test_the_context_length_given_or_read_from_the_device():
     assert_close(mla_mha_prefill(*case, out=poisoned_out(case)), ref)
 
 
+@pytest.mark.parametrize("window", [1, 7, 16, 45])
+def test_a_context_taken_window_by_window(window):
+    """Windows of the packed context (all sequences' tokens) smaller than it: a window that cuts a sequence, one that
+    holds several, a sequence with no token in a window; merged, the same attention as in one pass."""
+    case = make_case(10 + window, 8, 3, [40, 6, 1], [0, 35, 11])
+    out = mla_mha_prefill(*case, out=poisoned_out(case), window=window)
+    assert_close(out, fp32_reference(*case))
+
+
 def test_widths_that_need_masking():
     case = make_case(4, 8, 2, [9, 4], [0, 7], rank=24, rope=8, nope=24, v_dim=20)
     out = mla_mha_prefill(*case, out=poisoned_out(case, v_dim=20))
@@ -62,9 +71,17 @@ def test_widths_that_need_masking():
     assert_close(out, fp32_reference(*case))
 
 
-def test_deepseek_v2_lite_widths_bf16():
+@pytest.mark.parametrize("window", [None, 12])
+def test_deepseek_v2_lite_widths_bf16(window):
     case = make_case(5, 16, 2, [7, 3], [0, 20], rank=512, rope=64, nope=128, v_dim=128, dtype=torch.bfloat16)
-    assert_close(mla_mha_prefill(*case, out=poisoned_out(case, v_dim=128)), fp32_reference(*case))
+    assert_close(mla_mha_prefill(*case, out=poisoned_out(case, v_dim=128), window=window), fp32_reference(*case))
+
+
+def test_the_window_holds_a_gibibyte_of_keys_and_values():
+    """V2-Lite's widths (16 heads x (128 + 128) values and the 576-wide latent row, 2 bytes each): 9,344 bytes a
+    context token, 114,912 tokens a window."""
+    kv_b = torch.empty(16 * 256, 512, dtype=torch.bfloat16)
+    assert window_tokens(kv_b, torch.empty(1, 16, 576, dtype=torch.bfloat16)) == (1 << 30) // (16 * 256 * 2 + 576 * 2)
 
 
 def test_reference_equals_multi_head_attention_over_the_decompressed_context():

@@ -40,9 +40,10 @@ def test_blocks_reclaimed_and_kv_metrics_consistent(both):
     assert any("declared activation workspace" in n for n in paged.notes)
 
 
-def test_mla_prefill_runs_decompressed_and_absorbed_past_the_cap(tmp_path, monkeypatch):
-    """MLA prefill rows run decompressed while the step's keys and values fit DECOMPRESS_MAX_BYTES, absorbed past it
-    (a cap of 0 bytes): every step's prefill takes the path the cap says, and both give the same tokens."""
+def test_mla_prefill_decompressed_and_absorbed_give_the_same_tokens(tmp_path, monkeypatch):
+    """MLA prefill rows run decompressed (kernels.mla_mha_prefill) or absorbed (kernels.mla_prefill), as
+    runs_decompressed weighs them: forced one way, then the other, every prefill step takes that path, and the
+    tokens are the same."""
     import kernels
     from harness.stacks.paged import mla
 
@@ -57,9 +58,25 @@ def test_mla_prefill_runs_decompressed_and_absorbed_past_the_cap(tmp_path, monke
     monkeypatch.setattr(kernels, "mla_mha_prefill", counted("decompressed", kernels.mla_mha_prefill))
     monkeypatch.setattr(kernels, "mla_prefill", counted("absorbed", kernels.mla_prefill))
     wl = make_workload(tmp_path, "deepseek-v2-lite", stack_names=("paged",))
+    monkeypatch.setattr(mla, "ABSORBED_SLOWDOWN", float("inf"))
     decompressed, _ = run_stack(PagedStack, wl)
     assert calls["decompressed"] > 0 and calls["absorbed"] == 0
-    monkeypatch.setattr(mla, "DECOMPRESS_MAX_BYTES", 0)
+    monkeypatch.setattr(mla, "ABSORBED_SLOWDOWN", 0.0)
     absorbed, _ = run_stack(PagedStack, wl)
     assert calls["absorbed"] == calls["decompressed"]  # the same prefill steps, now every one absorbed
     assert absorbed.outputs == decompressed.outputs
+
+
+@pytest.mark.parametrize("new, prefix, decompressed", [
+    (8192, 0, True),  # a prompt
+    (2048, 30720, True),  # a chunk of a long prompt
+    (16, 100_000, False),  # a few tokens on a long prefix: decompressing 100K tokens costs more than attending
+    (64, 0, False),  # a short prompt: kv_b_proj over its context outweighs what the narrower scores save
+])
+def test_runs_decompressed_weighs_decompression_against_the_absorbed_form(new, prefix, decompressed):
+    from harness.stacks.paged.context import StepContext
+    from harness.stacks.paged.mla import runs_decompressed
+
+    ctx = StepContext(torch.zeros(new), torch.zeros(new), 0, prefill_context_tokens=prefix + new,
+                      prefill_pairs=new * prefix + new * (new + 1) // 2)
+    assert runs_decompressed(ctx, rank=512, nope=128, rope=64, v_dim=128) is decompressed  # DeepSeek-V2's widths

@@ -22,6 +22,7 @@ class StepContext:
     prefill_seq_lens: torch.Tensor | None = None  # [num_prefill] int32: cached + new tokens
     max_q_len: int = 0
     prefill_context_tokens: int = 0  # the sum of prefill_seq_lens (host side: no device sync to size a buffer)
+    prefill_pairs: int = 0  # (new token, context token) pairs the prefill rows attend over, causal: host side
     image_rows: torch.Tensor | None = None  # rows whose embedding is an image feature row
     image_feats: torch.Tensor | None = None  # [len(image_rows), hidden]
     cos: torch.Tensor | None = None  # rotary tables for `positions`, set by the model

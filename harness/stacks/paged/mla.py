@@ -5,9 +5,9 @@ Decode rows run absorbed (kernels.mla_decode): W_UK (from kv_b_proj) folds into 
 space straight over the cache, reading each cached row once for all heads, and W_UV maps the latent output back to
 per-head values. Prefill rows are compute-bound: they run decompressed (kernels.mla_mha_prefill), each sequence's
 latent through kv_b_proj into per-head keys and values, then attention with 192-wide scores, a third of the absorbed
-form's FLOPs per (query, key) pair at DeepSeek's widths, as vLLM's MLA prefill does. The decompressed keys and values
-live for the layer's step; a step whose would pass DECOMPRESS_MAX_BYTES runs its prefill absorbed
-(kernels.mla_prefill), which holds nothing per context token."""
+form's FLOPs per (query, key) pair at DeepSeek's widths, as vLLM's MLA prefill does (the kernel holds a bounded window
+of the context decompressed at a time). Decompressing costs FLOPs per context token, though: a step of few new tokens
+over a long cached prefix runs its prefill absorbed (kernels.mla_prefill) where that costs less (runs_decompressed)."""
 from __future__ import annotations
 
 import torch
@@ -19,8 +19,17 @@ from .config import ModelSpec
 from .context import StepContext
 from .layers import Linear, RMSNorm, Rotary, fused_linear
 
-# 1 GiB: 128K context tokens of V2-Lite (16 heads x 256 values x 2 bytes = 8 KiB a token), 16K of V2 (128 heads)
-DECOMPRESS_MAX_BYTES = 1 << 30
+# Per FLOP, the absorbed prefill kernel ran 1.8x slower than the decompressed one (H200, kernels_h200 grid-9, 16 heads
+# x 4K: 292 GFLOP in 1.69 ms against 103 GFLOP, the decompression included, in 0.325 ms).
+ABSORBED_SLOWDOWN = 1.8
+
+
+def runs_decompressed(ctx: StepContext, rank: int, nope: int, rope: int, v_dim: int) -> bool:
+    """Whether a step's prefill rows run decompressed: its FLOPs (kv_b_proj over every context token, then attention
+    with (nope + rope)-wide scores and v-wide values) at most the absorbed form's ((rank + rope)-wide scores, rank-wide
+    values), weighed by ABSORBED_SLOWDOWN. Per head, in multiply-adds."""
+    decompressed = ctx.prefill_context_tokens * rank * (nope + v_dim) + ctx.prefill_pairs * (nope + rope + v_dim)
+    return decompressed <= ABSORBED_SLOWDOWN * ctx.prefill_pairs * (2 * rank + rope)
 
 
 class MLAttention(nn.Module):
@@ -77,7 +86,8 @@ class MLAttention(nn.Module):
                                     self.latent_cache, ctx.slot_mapping, q_pe=q_pe)
         del kv
         o = x.new_empty(t, h * self.v_dim)  # o_proj's input: every path writes its rows in place
-        absorbed = nd if self.decompresses(ctx) else t  # the first rows run absorbed: decode, and prefill past the cap
+        decompressed = runs_decompressed(ctx, self.rank, self.nope, self.rope, self.v_dim)
+        absorbed = nd if decompressed else t  # the first rows run absorbed: decode, and prefill where it costs less
         if absorbed:
             self._absorbed(q_nope[:absorbed], q_pe[:absorbed], ctx, o[:absorbed])
         if absorbed < t:
@@ -86,11 +96,6 @@ class MLAttention(nn.Module):
                                     ctx.max_q_len, ctx.prefill_context_tokens, out=o[nd:].view(t - nd, h, self.v_dim))
         del q, q_nope, q_pe
         return self.o_proj(o)
-
-    def decompresses(self, ctx: StepContext) -> bool:
-        """Whether the step's prefill rows run decompressed: their keys and values fit DECOMPRESS_MAX_BYTES."""
-        per_token = self.heads * (self.nope + self.v_dim) * self.kv_b_proj.weight.element_size()
-        return ctx.prefill_context_tokens * per_token <= DECOMPRESS_MAX_BYTES
 
     def _absorbed(self, q_nope, q_pe, ctx: StepContext, o: torch.Tensor) -> None:
         """o [rows, heads x v] <- absorbed attention of the first rows: the decode rows, then (when the step's prefill

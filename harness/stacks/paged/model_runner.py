@@ -91,6 +91,7 @@ class ModelRunner:
         ctx.cu_seqlens_q = self._tensor([0, n], torch.int32)
         ctx.prefill_seq_lens = self._tensor([n], torch.int32)
         ctx.max_q_len = ctx.prefill_context_tokens = n
+        ctx.prefill_pairs = n * (n + 1) // 2
         hidden = self.model(torch.zeros(n, dtype=torch.int64, device=self.device), ctx)
         self.model.logits(hidden[-1:]).argmax(-1).tolist()
 
@@ -114,6 +115,7 @@ class ModelRunner:
             ctx.prefill_seq_lens = self._tensor(seq_lens, torch.int32)
             ctx.max_q_len = max(q_lens)
             ctx.prefill_context_tokens = sum(seq_lens)
+            ctx.prefill_pairs = sum(n * s.num_computed + n * (n + 1) // 2 for s, n in prefill)
         return ctx
 
     def _tensor(self, values, dtype) -> torch.Tensor:
