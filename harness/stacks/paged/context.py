@@ -23,6 +23,7 @@ class StepContext:
     max_q_len: int = 0
     prefill_context_tokens: int = 0  # the sum of prefill_seq_lens (host side: no device sync to size a buffer)
     prefill_pairs: int = 0  # (new token, context token) pairs the prefill rows attend over, causal: host side
+    mla_prefill_absorbed: bool | None = None  # MLA prefill's form forced (the warm-up compiles both); None: weighed
     image_rows: torch.Tensor | None = None  # rows whose embedding is an image feature row
     image_feats: torch.Tensor | None = None  # [len(image_rows), hidden]
     cos: torch.Tensor | None = None  # rotary tables for `positions`, set by the model

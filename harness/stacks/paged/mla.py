@@ -86,7 +86,10 @@ class MLAttention(nn.Module):
                                     self.latent_cache, ctx.slot_mapping, q_pe=q_pe)
         del kv
         o = x.new_empty(t, h * self.v_dim)  # o_proj's input: every path writes its rows in place
-        decompressed = runs_decompressed(ctx, self.rank, self.nope, self.rope, self.v_dim)
+        if ctx.mla_prefill_absorbed is None:
+            decompressed = runs_decompressed(ctx, self.rank, self.nope, self.rope, self.v_dim)
+        else:
+            decompressed = not ctx.mla_prefill_absorbed
         absorbed = nd if decompressed else t  # the first rows run absorbed: decode, and prefill where it costs less
         if absorbed:
             self._absorbed(q_nope[:absorbed], q_pe[:absorbed], ctx, o[:absorbed])

@@ -8,6 +8,7 @@ import torch
 from .block_manager import BlockManager
 from .context import StepContext
 from .graphs import DecodeGraphs
+from .mla import MLAttention
 from .model import CausalLM
 from .pending import PendingTokens
 from .request import Request
@@ -83,17 +84,21 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_prefill(self, num_tokens: int, block_size: int) -> None:
-        """One prefill pass of num_tokens (one sequence) that writes no cache slot and attends over block 0:
-        the prefill-shaped kernels compile (Triton JIT) here rather than inside the first timed step."""
+        """A prefill pass of num_tokens (one sequence) that writes no cache slot and attends over block 0:
+        the prefill-shaped kernels compile (Triton JIT) here rather than inside the first timed step. MLA models
+        make two, one in each form of MLA prefill (harness/stacks/paged/mla.py: a step may take either)."""
         n = num_tokens
-        ctx = StepContext(torch.arange(n, device=self.device), torch.full((n,), -1, device=self.device), 0)
-        ctx.prefill_block_table = torch.zeros(1, -(-n // block_size), dtype=torch.int32, device=self.device)
-        ctx.cu_seqlens_q = self._tensor([0, n], torch.int32)
-        ctx.prefill_seq_lens = self._tensor([n], torch.int32)
-        ctx.max_q_len = ctx.prefill_context_tokens = n
-        ctx.prefill_pairs = n * (n + 1) // 2
-        hidden = self.model(torch.zeros(n, dtype=torch.int64, device=self.device), ctx)
-        self.model.logits(hidden[-1:]).argmax(-1).tolist()
+        mla = any(isinstance(m, MLAttention) for m in self.model.modules())
+        for absorbed in (False, True) if mla else (None,):
+            ctx = StepContext(torch.arange(n, device=self.device), torch.full((n,), -1, device=self.device), 0)
+            ctx.prefill_block_table = torch.zeros(1, -(-n // block_size), dtype=torch.int32, device=self.device)
+            ctx.cu_seqlens_q = self._tensor([0, n], torch.int32)
+            ctx.prefill_seq_lens = self._tensor([n], torch.int32)
+            ctx.max_q_len = ctx.prefill_context_tokens = n
+            ctx.prefill_pairs = n * (n + 1) // 2
+            ctx.mla_prefill_absorbed = absorbed
+            hidden = self.model(torch.zeros(n, dtype=torch.int64, device=self.device), ctx)
+            self.model.logits(hidden[-1:]).argmax(-1).tolist()
 
     def _decode_only(self, batch) -> bool:
         """Every sequence feeds its last token (past any image placeholders)."""
