@@ -95,10 +95,11 @@ def test_the_prefill_warm_up_compiles_both_forms_of_mla_prefill(tmp_path, monkey
     stack.prepare()
     try:
         ran = []
-        monkeypatch.setattr(kernels, "mla_mha_prefill", lambda *a, **k: ran.append("decompressed"))
-        monkeypatch.setattr(kernels, "mla_prefill", lambda *a, **k: ran.append("absorbed"))
-        stack.engine.runner.warm_prefill(16, stack.cfg.block_size)
+        monkeypatch.setattr(kernels, "mla_mha_prefill", lambda *a, **k: ran.append(("decompressed", len(a[0]))))
+        monkeypatch.setattr(kernels, "mla_prefill", lambda *a, **k: ran.append(("absorbed", len(a[0]))))
+        stack.engine.runner.warm_prefill(40, stack.cfg.block_size)
     finally:
         stack.close()
     layers = FAMILIES[family]["layers"]
-    assert ran == [form for form in forms for _ in range(layers)]
+    # the absorbed pass small: it runs inside the memory metrics' window, and compiles the same at any size
+    assert ran == [(form, tokens) for form, tokens in zip(forms, (40, 16)) for _ in range(layers)]
