@@ -1,6 +1,9 @@
 """Compile every paged-attention kernel for the H200 (sm_90) on a CPU machine and print a digest of its PTX.
 
-Usage: python scripts/kernels_ptx.py [--dump DIR]
+Usage: python scripts/kernels_ptx.py [--dump DIR] [--sass]
+
+--sass also assembles each kernel (Triton's ptxas and nvdisasm, scripts/kernel_sass.py) and prints its registers, its
+spill bytes and the local-memory loads and stores in its hot loop (the innermost loop on the tensor cores).
 
 No GPU is needed: the public wrappers are called on small CPU tensors with the launch intercepted, and
 each launch (its argument types and constexprs) is compiled by Triton's NVIDIA backend for sm_90. A
@@ -24,6 +27,7 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import kernel_sass  # noqa: E402
 from kernels import (activation, cache_write, decode, mla, mla_mha, moe, norm, prefill, rotary, router,  # noqa: E402
                      skinny_gemm)
 
@@ -69,6 +73,11 @@ def divisible_by_16(value) -> bool:
 
 
 def compile_ptx(kernel: JITFunction, values: dict, options: dict) -> str:
+    """The kernel's PTX for sm_90, without what moves when code moves (line locations, debug sections)."""
+    return stable_ptx(compile_kernel(kernel, values, options).asm["ptx"])
+
+
+def compile_kernel(kernel: JITFunction, values: dict, options: dict):
     if "UPCAST" in values:  # the launch was made from CPU tensors: bf16 dots widened for the interpreter, not the GPU
         values = {**values, "UPCAST": False}
     constexprs = {kernel.arg_names[i]: values[kernel.arg_names[i]] for i in kernel.constexprs}
@@ -76,9 +85,12 @@ def compile_ptx(kernel: JITFunction, values: dict, options: dict) -> str:
     fixed = {kernel.arg_names[i] if isinstance(i, int) else i for i in kernel.do_not_specialize}  # never specialized
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
              if name not in constexprs and name not in fixed and divisible_by_16(values[name])}
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=H200, options=options)
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=H200, options=options)
+
+
+def stable_ptx(ptx: str) -> str:
     # Line locations and the debug sections move when code moves; the instructions are what the GPU runs.
-    ptx = compiled.asm["ptx"].split("\t.section\t.debug", 1)[0]
+    ptx = ptx.split("\t.section\t.debug", 1)[0]
     ptx = re.sub(r"^(\s*\.(loc|file)\b.*|\$L__tmp\d+:)$", "", ptx, flags=re.M)
     return re.sub(r"\n\s*\n+", "\n", ptx)
 
@@ -159,18 +171,26 @@ def launches() -> dict[str, tuple]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dump", type=Path, help="also write each kernel's PTX here")
+    parser.add_argument("--sass", action="store_true", help="also registers, spills and the hot loop's LDL/STL")
     args = parser.parse_args()
     rows = []
     for name, (kernel, values, options) in launches().items():
-        ptx = compile_ptx(kernel, values, options)
-        rows.append((name, hashlib.sha256(ptx.encode()).hexdigest()[:16], ptx.count("\n")))
+        raw = compile_kernel(kernel, values, options).asm["ptx"]
+        ptx = stable_ptx(raw)
+        row = [name, hashlib.sha256(ptx.encode()).hexdigest()[:16], str(ptx.count("\n"))]
+        if args.sass:
+            info, sass = kernel_sass.assemble(raw)
+            loop = kernel_sass.hot_loop(sass)
+            row += [str(info["registers"]), f"{info['spill_stores']}/{info['spill_loads']}",
+                    f"{loop['LDL']}/{loop['STL']} of {loop['instructions']}" if loop else "-"]
+        rows.append(row)
         if args.dump:
             args.dump.mkdir(parents=True, exist_ok=True)
             (args.dump / (re.sub(r"\W+", "_", name).strip("_") + ".ptx")).write_text(ptx)
-    width = max(len(r[0]) for r in rows)
-    print(f"{'kernel (sm_90)':<{width}}  {'ptx sha256':<16}  lines")
-    for name, digest, lines in rows:
-        print(f"{name:<{width}}  {digest:<16}  {lines}")
+    header = ["kernel (sm_90)", "ptx sha256", "lines"] + (["regs", "spill B st/ld", "hot loop LDL/STL"] * args.sass)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(row, widths)).rstrip())
     return 0
 
 
