@@ -384,7 +384,7 @@ GRID = {
     "profiled_batch": 8,  # decode cells up to this batch also get each kernel's time (torch.profiler)
     "prompts": (2048, 8192, 32768), "many": (8, 2048), "chunk": (2048, 30720),  # chunk: (new, cached prefix)
     "mla_prefill": (16, 4096, 192, 128),  # heads, prompt, the q/k and v widths of its FLOP floor (V2-Lite)
-    # heads, prompt (widths as mla_prefill's); 128 heads x 32K decompresses 2 GiB: two windows (kernels/mla_mha.py)
+    # heads, prompt (widths as mla_prefill's); 128 heads x 32K decompresses 2 GiB: windows of 16,101 tokens, three
     "mla_mha_prefill": ((16, 4096), (16, 32768), (128, 4096), (128, 32768)),
     "cap_bytes": 60e9,  # cells whose cache would pass this are skipped (and listed)
     "cold_bytes": 160e6, "max_layers": 64,  # a small cache is timed as layers' caches of this many bytes (> L2)

@@ -84,10 +84,10 @@ def _mha_prefill(
         return
     k_start = tl.load(cu_seqlens_k_ptr + seq)
     prefix = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start - q_len
-    first = 0  # the sequence's first context token in the keys held, and where its row 0 is in them
+    first = 0  # the sequence's first token in the keys held (a window may start past its token 0)
     if WINDOWED:
         first = tl.maximum(window_start - k_start, 0)
-        k_start -= window_start
+        k_start -= window_start  # the row of its token 0 in the keys held (negative where the window starts past it)
     tok = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = tok < q_len
     tok64 = (q_start + tok).to(tl.int64)

@@ -128,6 +128,9 @@ def launches() -> dict[str, tuple]:
         "mla prefill decompressed, 16 heads, nope 128 + rope 64, v 128, GPU tiles": lambda: mla_mha.mla_mha_prefill(
             torch.randn(14, 16, 128, dtype=bf16), torch.randn(14, 16, 64, dtype=bf16), latent, table, cu_q, lens,
             torch.randn(16 * 256, 512, dtype=bf16), 0.072, max_q_len=8, config=mla_mha.CONFIG),
+        "mla prefill decompressed in windows of 16 context tokens, GPU tiles": lambda: mla_mha.mla_mha_prefill(
+            torch.randn(14, 16, 128, dtype=bf16), torch.randn(14, 16, 64, dtype=bf16), latent, table, cu_q, lens,
+            torch.randn(16 * 256, 512, dtype=bf16), 0.072, max_q_len=8, config=mla_mha.CONFIG, window=16),
         "write kv": lambda: cache_write.write_kv(torch.randn(4, 2, 128, dtype=bf16), torch.randn(4, 2, 128, dtype=bf16),
                                                  k, v, torch.arange(4, dtype=torch.int64)),
         "rotate q, k and write k/v, gqa 28/4 x 128": lambda: cache_write.rotate_and_write_kv(
