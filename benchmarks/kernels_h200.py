@@ -16,19 +16,19 @@ paged_decode, paged_prefill, mla_mha_prefill, mla_prefill), in its layouts: MLA 
 + 64), dense decode at GQA 28/4, GQA 32/8 and MHA 32/32 (head_dim 128), each at batch 1-256 x context 1K-128K
 (cells whose cache would pass 60 GB are skipped and listed), plus one 64K MLA sequence; prefill (R1's GQA 28/4)
 of one 2K / 8K / 32K prompt, 8 x 2K, 2K new tokens on a 30K cached prefix, and MLA prefill (decompressed, the
-stack's; absorbed, its form past a cap) at 16 and 128 heads, each beside torch SDPA (flash where it takes the
-shape) on a contiguous cache. Floor = max(bytes moved once: cache and queries read, output written / copy
-bandwidth, FLOPs / bf16 torch.mm rate), both rates measured at the start (MLA prefill's FLOPs are those of the
-decompressed 192-wide q/k, 128-wide v: the least work for that problem). Every cell is timed as CUDA-graph
-replays with L2 flushed before each; a decode cache under 160 MB is timed as that many bytes of layers' caches,
-one call each, as in a decode step (the time given is per call), so cells with a floor of a few us mostly
-measure the two launches (the summary also gives the worst cell with a floor of 10 us or more). A few cells are
-checked against the float32 reference; issue 14's quoted vLLM numbers sit beside the cells they describe (vLLM
-is not measured here). Cells run issue 14's table rows first, then the rest smallest first; no cell starts past
---max-seconds, and the JSON is rewritten after every cell. Estimated H200 wall time of the 99 cells: about 3 min
-(estimate_seconds: 25 s to start, 42 Triton compiles at ~2 s, 0.5 s of set-up a cell, 13 s of replays, 10 s of
-fp32 checks), so the grid is not trimmed; the budget's default leaves the 10-minute device call 2 minutes of
-margin.
+stack's; absorbed, its form for few new tokens on a long prefix) at 16 and 128 heads, each beside torch SDPA
+(flash where it takes the shape) on a contiguous cache. Floor = max(bytes moved once: cache and queries read,
+output written / copy bandwidth, FLOPs / bf16 torch.mm rate), both rates measured at the start (MLA prefill's
+FLOPs are those of the decompressed 192-wide q/k, 128-wide v: the least work for that problem). Every cell is
+timed as CUDA-graph replays with L2 flushed before each; a decode cache under 160 MB is timed as that many bytes
+of layers' caches, one call each, as in a decode step (the time given is per call), so cells with a floor of a
+few us mostly measure the two launches (the summary also gives the worst cell with a floor of 10 us or more). A
+few cells are checked against the float32 reference; issue 14's quoted vLLM numbers sit beside the cells they
+describe (vLLM is not measured here). Cells run issue 14's table rows first, then the rest smallest first; no
+cell starts past --max-seconds, and the JSON is rewritten after every cell. Estimated H200 wall time of the 99
+cells: about 3 min (estimate_seconds: 25 s to start, 42 Triton compiles at ~2 s, 0.5 s of set-up a cell, 13 s of
+replays, 10 s of fp32 checks), so the grid is not trimmed; the budget's default leaves the 10-minute device call
+2 minutes of margin.
 
 --config-sweep [SWEEP ...] also times kernel configs (SWEEPS, every one unless named) on some grid cells, each
 variant checked against the default's output, and prints a table per sweep, best worst case first: dense prefill's
@@ -366,8 +366,8 @@ def check_prefill_and_write(gen):
 # --grid: issue 14's range, every paged-attention kernel on every shape in one device call, through the entry points
 # the paged stack calls (harness/stacks/paged/attention.py and mla.py), in the stack's layouts.
 MLA_DECODE, DECODE, PREFILL, MLA_PREFILL = "MLA decode", "paged decode", "prefill", "MLA prefill"
-# MLA prefill: the stack's is the decompressed form; the absorbed runs a step whose decompressed keys and values would
-# pass DECOMPRESS_MAX_BYTES (harness/stacks/paged/mla.py)
+# MLA prefill: the stack's is the decompressed form; the absorbed runs a step where it costs fewer FLOPs (few new
+# tokens on a long prefix: harness/stacks/paged/mla.py's runs_decompressed)
 MLA_MHA_PREFILL = "MLA prefill, decompressed"
 FAMILIES = (MLA_DECODE, DECODE, PREFILL, MLA_PREFILL, MLA_MHA_PREFILL)
 PREFILLS, MLA_FAMILIES = (PREFILL, MLA_PREFILL, MLA_MHA_PREFILL), (MLA_DECODE, MLA_PREFILL, MLA_MHA_PREFILL)
@@ -707,7 +707,7 @@ def prefill_cell(c, layers, gen):
 
 
 def mla_prefill_cell(c, layers, gen):
-    """Ours in latent space (absorbed, as the stack runs a step past its decompression cap); SDPA on the same-size
+    """Ours in latent space (absorbed, as the stack runs a step where that costs fewer FLOPs); SDPA on the same-size
     problem decompressed (per-head q/k and v of floor_dims' widths), which the FLOP floor counts."""
     table, seq_lens, num_blocks = paged_batch(c, gen)
     cache = bf16(num_blocks, BLOCK, c.head_dim + c.rope)

@@ -27,7 +27,7 @@ from .dispatch import next_pow2, sm_count
 # benchmarks/results/triton_compiles_2026-12-01_nvidia-h200_cold-cache.jsonl). Not specialized: one variant each.
 RUN_TIME_INTS = ["num_seqs", "num_programs", "stride_bt_seq"]
 COMBINE_DIM_BLOCK = 64  # output columns per combine program: more programs, a small [J, rows, 64] tile
-COMBINE_J_BLOCK = 8  # partials merged per step, all the unit's rows at once
+COMBINE_J_BLOCK = 8  # partials merged per step, up to COMBINE_MAX_ROWS of the unit's rows at once
 # A few sequences cut into hundreds of ranges (one long sequence) leave a grid of (sequence, unit, column block) too
 # few programs to merge them: on the H200 one 64K MLA sequence's 396 partials took 8 programs ~190 us. Below this
 # many programs per multiprocessor the combine takes ROW_BLOCK rows and DIM_SPLIT columns per program instead, J_SPLIT
