@@ -62,8 +62,8 @@ def attend_more_tokens(m, l, acc, q, k_ptr, v_ptr, bt_row, kv_head, start, end, 
         kv_mask = tok_mask[:, None] & dim_mask[None, :]
         k_rows = blocks * stride_k_block + slot_in_block * stride_k_tok + kv_head * stride_k_head
         k = tl.load(k_ptr + k_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST) * qk_scale  # log2 units
-        m, l, p, alpha = softmax_update(s, toks, end, q_pos, m, l, CAUSAL)
+        s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST)
+        m, l, p, alpha = softmax_update(s, qk_scale, toks, end, q_pos, m, l, True, CAUSAL)
         v_rows = blocks * stride_v_block + slot_in_block * stride_v_tok + kv_head * stride_v_head
         v = tl.load(v_ptr + v_rows[:, None] + dims[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot, softmax_update
-from .prefill import prefill_rows
+from .prefill import prefill_grid, prefill_program, prefill_rows
 from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
                          tile_line)
 
@@ -69,7 +69,7 @@ def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_b
         k_pe = tl.load(rows[:, None] + RANK + rope_dims[None, :], mask=tok_mask[:, None] & rope_mask[None, :],
                        other=0.0)
         s = dot(q_lat, tl.trans(kv_c), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
-        m, l, p, alpha = softmax_update(s * qk_scale, toks, end, q_pos, m, l, CAUSAL)
+        m, l, p, alpha = softmax_update(s, qk_scale, toks, end, q_pos, m, l, True, CAUSAL)
         acc = acc * alpha[:, None] + dot(p.to(kv_c.dtype), kv_c, DOT_PRECISION, UPCAST)
     return m, l, acc
 
@@ -133,9 +133,10 @@ def _mla_prefill(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """BLOCK_Q new tokens of one sequence times HEAD_BLOCK heads: one latent tile serves all the rows."""
-    head_block = tl.program_id(1)
-    seq, q_start, q_len, prefix, tok, in_block = prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, BLOCK_Q, HEAD_BLOCK)
-    if tl.program_id(0) * BLOCK_Q >= q_len:
+    q_tile, head_block, seq = prefill_program()
+    q_start, q_len, prefix, tok, in_block = prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, q_tile, seq, BLOCK_Q,
+                                                         HEAD_BLOCK)
+    if q_tile * BLOCK_Q >= q_len:
         return
     heads = head_block * HEAD_BLOCK + in_block
     row_mask = (tok < q_len) & (heads < NUM_HEADS)
@@ -147,7 +148,7 @@ def _mla_prefill(
                     + rank_dims[None, :], mask=out_mask, other=0.0)
     q_pe = tl.load(q_pe_ptr + tok64[:, None] * stride_qp_tok + heads[:, None] * stride_qp_head + rope_dims[None, :],
                    mask=row_mask[:, None] & (rope_dims < ROPE)[None, :], other=0.0)
-    kv_end = prefix + tl.minimum(q_len, (tl.program_id(0) + 1) * BLOCK_Q)  # the tile's last token sees no further
+    kv_end = prefix + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)  # the tile's last token sees no further
     m, l, acc = _mla_tokens(q_lat, q_pe, cache_ptr, block_table_ptr + seq * stride_bt_seq, 0, kv_end, qk_scale,
                             stride_c_block, stride_c_tok, prefix + tok, BLOCK_Q * HEAD_BLOCK, RANK, RANK_PAD,
                             ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION, UPCAST)
@@ -177,7 +178,7 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
     # 16 rows: the tensor cores' least; the interpreter takes any power of two
     head_block = 16 if on_gpu else min(16, next_pow2(num_heads))
     block_q = max(1, cfg["rows"] // head_block)
-    grid = (triton.cdiv(max_q_len, block_q), triton.cdiv(num_heads, head_block), num_seqs)
+    grid = prefill_grid(max_q_len, block_q, triton.cdiv(num_heads, head_block), num_seqs)
     _mla_prefill[grid](
         q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, out,
         scale * LOG2E,

@@ -10,7 +10,8 @@ The decompressed keys and values of the whole context live for the call: context
 (V2-Lite, 16 heads: 8 KiB a token).
 
 One program takes BLOCK_M new tokens of one head and sequence (no padding of rows); the key tiles below the causal
-diagonal run unmasked, the diagonal's masked (kernels/prefill.py's split_causal).
+diagonal run unmasked, the diagonal's masked (kernels/prefill.py's split_causal), in prefill.py's grid (the last
+query tiles first).
 
 Context windows: the decompressed keys and values of at most CONTEXT_WINDOW_BYTES are held at a time. A longer context
 (all sequences' tokens, packed) is taken window by window, as vLLM's MLA prefill chunks its context: each window's
@@ -22,6 +23,7 @@ import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, upcast_dots
 from .dot import dot, softmax_update
+from .prefill import prefill_grid, prefill_program
 
 fix_triton_interpreter()
 
@@ -37,12 +39,23 @@ CONTEXT_WINDOW_BYTES = 1 << 30
 
 
 @triton.jit
+def _rows(ptrs, tok_mask, dims, WIDTH: tl.constexpr, WIDTH_PAD: tl.constexpr, WHOLE: tl.constexpr):
+    """A tile's rows, masked on tokens unless WHOLE (every token of the tile in range) and on padded columns."""
+    if WHOLE:
+        if WIDTH == WIDTH_PAD:
+            return tl.load(ptrs)
+        return tl.load(ptrs, mask=(dims < WIDTH)[None, :], other=0.0)
+    return tl.load(ptrs, mask=tok_mask[:, None] & (dims < WIDTH)[None, :], other=0.0)
+
+
+@triton.jit
 def _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start, start, end, q_pos, qk_scale,
             stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
             NOPE: tl.constexpr, NOPE_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
             V_DIM: tl.constexpr, V_PAD: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-            WINDOWED: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """The online softmax (m, l, acc) carried over context tokens [start, end) of one sequence and head."""
+            WHOLE: tl.constexpr, WINDOWED: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The online softmax (m, l, acc) carried over context tokens [start, end) of one sequence and head. WHOLE:
+    end - start is a multiple of BLOCK_N, no token is masked."""
     nope_dims = tl.arange(0, NOPE_PAD)
     rope_dims = tl.arange(0, ROPE_PAD)
     v_dims = tl.arange(0, V_PAD)
@@ -50,14 +63,14 @@ def _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start,
         toks = t0 + tl.arange(0, BLOCK_N)
         tok_mask = toks < end
         rows = (k_start + toks).to(tl.int64)
-        k = tl.load(k_nope_ptr + rows[:, None] * stride_kn_tok + head * stride_kn_head + nope_dims[None, :],
-                    mask=tok_mask[:, None] & (nope_dims < NOPE)[None, :], other=0.0)
-        k_pe = tl.load(k_pe_ptr + rows[:, None] * stride_kp_tok + rope_dims[None, :],
-                       mask=tok_mask[:, None] & (rope_dims < ROPE)[None, :], other=0.0)
+        k = _rows(k_nope_ptr + rows[:, None] * stride_kn_tok + head * stride_kn_head + nope_dims[None, :], tok_mask,
+                  nope_dims, NOPE, NOPE_PAD, WHOLE)
+        k_pe = _rows(k_pe_ptr + rows[:, None] * stride_kp_tok + rope_dims[None, :], tok_mask, rope_dims, ROPE,
+                     ROPE_PAD, WHOLE)
         s = dot(q_nope, tl.trans(k), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
-        m, l, p, alpha = softmax_update(s * qk_scale, toks, end, q_pos, m, l, CAUSAL, WINDOWED)
-        v = tl.load(v_ptr + rows[:, None] * stride_v_tok + head * stride_v_head + v_dims[None, :],
-                    mask=tok_mask[:, None] & (v_dims < V_DIM)[None, :], other=0.0)
+        m, l, p, alpha = softmax_update(s, qk_scale, toks, end, q_pos, m, l, not WHOLE, CAUSAL, WINDOWED)
+        v = _rows(v_ptr + rows[:, None] * stride_v_tok + head * stride_v_head + v_dims[None, :], tok_mask, v_dims,
+                  V_DIM, V_PAD, WHOLE)
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
     return m, l, acc
 
@@ -73,14 +86,13 @@ def _mha_prefill(
     V_DIM: tl.constexpr, V_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOWED: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Grid (query tile, head, sequence). A sequence's new tokens are the last q_len of its k_len context tokens.
+    """Units: heads (kernels/prefill.py's grid). A sequence's new tokens are the last q_len of its k_len context tokens.
     WINDOWED: the keys and values hold the packed context tokens [window_start, window_end) only, each row attends
     over its sequence's tokens there, and writes its log-sum-exp (log2, -inf where it saw none) beside its output."""
-    head = tl.program_id(1)
-    seq = tl.program_id(2)
+    q_tile, head, seq = prefill_program()
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    if tl.program_id(0) * BLOCK_M >= q_len:
+    if q_tile * BLOCK_M >= q_len:
         return
     k_start = tl.load(cu_seqlens_k_ptr + seq)
     prefix = tl.load(cu_seqlens_k_ptr + seq + 1) - k_start - q_len
@@ -88,7 +100,7 @@ def _mha_prefill(
     if WINDOWED:
         first = tl.maximum(window_start - k_start, 0)
         k_start -= window_start  # the row of its token 0 in the keys held (negative where the window starts past it)
-    tok = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok = q_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = tok < q_len
     tok64 = (q_start + tok).to(tl.int64)
     nope_dims = tl.arange(0, NOPE_PAD)
@@ -99,8 +111,8 @@ def _mha_prefill(
     q_pe = tl.load(q_pe_ptr + tok64[:, None] * stride_qp_tok + head * stride_qp_head + rope_dims[None, :],
                    mask=row_mask[:, None] & (rope_dims < ROPE)[None, :], other=0.0)
     q_pos = prefix + tok
-    kv_end = prefix + tl.minimum(q_len, (tl.program_id(0) + 1) * BLOCK_M)  # the tile's last query sees no further
-    masked_from = (prefix + tl.program_id(0) * BLOCK_M) // BLOCK_N * BLOCK_N  # every row sees the tiles before
+    kv_end = prefix + tl.minimum(q_len, (q_tile + 1) * BLOCK_M)  # the tile's last query sees no further
+    masked_from = (prefix + q_tile * BLOCK_M) // BLOCK_N * BLOCK_N  # every row sees the tiles before
     if WINDOWED:
         kv_end = tl.minimum(kv_end, window_end - window_start - k_start)
         masked_from = tl.minimum(tl.maximum(masked_from, first), kv_end)
@@ -109,10 +121,12 @@ def _mha_prefill(
     acc = tl.zeros([BLOCK_M, V_PAD], tl.float32)
     m, l, acc = _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start, first, masked_from,
                         q_pos, qk_scale, stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
-                        NOPE, NOPE_PAD, ROPE, ROPE_PAD, V_DIM, V_PAD, BLOCK_N, False, WINDOWED, DOT_PRECISION, UPCAST)
+                        NOPE, NOPE_PAD, ROPE, ROPE_PAD, V_DIM, V_PAD, BLOCK_N, False, not WINDOWED, WINDOWED,
+                        DOT_PRECISION, UPCAST)
     m, l, acc = _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start, masked_from, kv_end,
                         q_pos, qk_scale, stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
-                        NOPE, NOPE_PAD, ROPE, ROPE_PAD, V_DIM, V_PAD, BLOCK_N, True, WINDOWED, DOT_PRECISION, UPCAST)
+                        NOPE, NOPE_PAD, ROPE, ROPE_PAD, V_DIM, V_PAD, BLOCK_N, True, False, WINDOWED, DOT_PRECISION,
+                        UPCAST)
     if WINDOWED:
         lse = tl.where(l > 0.0, m + tl.log2(l), float("-inf"))
         tl.store(lse_ptr + tok64 * stride_lse_tok + head, lse, mask=row_mask)
@@ -202,7 +216,7 @@ def _launch(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, out, lse, scale, window_
     num_seqs, heads, nope = cu_seqlens_q.shape[0] - 1, q_nope.shape[1], q_nope.shape[2]
     rope, v_dim = q_pe.shape[-1], out.shape[-1]
     k_nope, v = kv[..., :nope], kv[..., nope:]
-    grid = (triton.cdiv(max_q_len, cfg["block_m"]), heads, num_seqs)
+    grid = prefill_grid(max_q_len, cfg["block_m"], heads, num_seqs)
     _mha_prefill[grid](
         q_nope, q_pe, k_nope, k_pe, v, cu_seqlens_q, cu_k, out, out if lse is None else lse, scale * LOG2E,
         window_start, window_end,

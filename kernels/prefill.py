@@ -11,14 +11,19 @@ is padded to 8 rows a token). With one_head_per_program, a program's rows are BL
 one query head instead: no padding, and the group's programs read the same K/V tiles (from L2,
 the work is compute-bound). With split_causal, the key tiles that every row of the program sees
 in full (those before its first token's position) run without the causal mask, and only the
-tiles on the diagonal apply it.
+tiles on the diagonal apply it; the tiles before it load and score with no mask at all.
+
+Grid (units, sequences, query tiles), the last query tiles first: their causal rows see the most keys, and a short
+prompt's grid is a few waves, whose tail must not be the longest programs. A tile's units (query heads, or KV heads)
+are launched side by side, reading the same keys from L2.
 """
 import torch
 import triton
 import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, upcast_dots
-from .decode import attend_more_tokens, attend_tokens
+from .decode import attend_more_tokens
+from .dot import dot, softmax_update
 
 fix_triton_interpreter()
 
@@ -29,21 +34,82 @@ LOG2E = 1.4426950408889634
 # prompt from 2.99x of the FLOP floor to 1.99x (kernels_h200_*_grid, 48 configs of grouped rows), and one query head
 # per program, no group padding, to 1.89x; within 0.16x of the best config on every other prefill cell (*_grid-2).
 CONFIG = {"rows": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "split_causal": True,
-          "one_head_per_program": True}
+          "one_head_per_program": True, "lookahead": False}
 CPU_CONFIG = {"rows": 16, "block_n": 16}  # the interpreter: small tiles run faster
 
 
 @triton.jit
-def prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, BLOCK_Q: tl.constexpr, PER_TOKEN: tl.constexpr):
-    """Program (q tile, unit, sequence) of a prefill grid: its sequence, where the sequence's new tokens start
-    among the packed rows and how many there are, the cached tokens before them, and its rows as (new token,
-    k < PER_TOKEN) pairs. The caller returns at once when the tile starts past q_len."""
-    seq = tl.program_id(2)
+def prefill_program():
+    """(query tile, unit, sequence) of a grid made by prefill_grid: the last query tile first."""
+    return tl.num_programs(2) - 1 - tl.program_id(2), tl.program_id(0), tl.program_id(1)
+
+
+def prefill_grid(max_q_len, block_q, units, num_seqs):
+    return units, num_seqs, triton.cdiv(max_q_len, block_q)
+
+
+@triton.jit
+def prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, q_tile, seq, BLOCK_Q: tl.constexpr, PER_TOKEN: tl.constexpr):
+    """Query tile q_tile of sequence seq: where the sequence's new tokens start among the packed rows and how many
+    there are, the cached tokens before them, and the tile's rows as (new token, k < PER_TOKEN) pairs. The caller
+    returns at once when the tile starts past q_len."""
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     rows = tl.arange(0, BLOCK_Q * PER_TOKEN)
-    tok = tl.program_id(0) * BLOCK_Q + rows // PER_TOKEN  # index among the new tokens
-    return seq, q_start, q_len, tl.load(seq_lens_ptr + seq) - q_len, tok, rows % PER_TOKEN
+    tok = q_tile * BLOCK_Q + rows // PER_TOKEN  # index among the new tokens
+    return q_start, q_len, tl.load(seq_lens_ptr + seq) - q_len, tok, rows % PER_TOKEN
+
+
+@triton.jit
+def _tile(ptr, bt_row, t0, kv_head, stride_block, stride_tok, stride_head, dims,
+          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys or values of the BLOCK_N tokens from t0, all of them in the sequence: no mask on tokens."""
+    toks = t0 + tl.arange(0, BLOCK_N)
+    blocks = tl.load(bt_row + toks // BLOCK_SIZE).to(tl.int64)
+    rows = blocks * stride_block + (toks % BLOCK_SIZE) * stride_tok + kv_head * stride_head
+    if HEAD_DIM == HEAD_DIM_PAD:
+        return tl.load(ptr + rows[:, None] + dims[None, :])
+    return tl.load(ptr + rows[:, None] + dims[None, :], mask=(dims < HEAD_DIM)[None, :], other=0.0)
+
+
+@triton.jit
+def attend_whole_tiles(q, k_ptr, v_ptr, bt_row, kv_head, end, qk_scale,
+                       stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok, stride_v_head,
+                       ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                       BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, LOOKAHEAD: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Online softmax of q's ROWS rows over tokens [0, end), end a multiple of BLOCK_N, that every row sees in full:
+    (max, sum, unnormalized out). LOOKAHEAD: the next tile's scores are issued before this tile's exponentials, so
+    the tensor cores have work while they run (FlashAttention-3's overlap within a warpgroup); the last tile's
+    lookahead scores itself again, unused."""
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    if LOOKAHEAD:
+        if end > 0:
+            k = _tile(k_ptr, bt_row, 0, kv_head, stride_k_block, stride_k_tok, stride_k_head, dims, HEAD_DIM,
+                      HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
+            s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST)
+            for t0 in range(0, end, BLOCK_N):
+                k = _tile(k_ptr, bt_row, tl.minimum(t0 + BLOCK_N, end - BLOCK_N), kv_head, stride_k_block,
+                          stride_k_tok, stride_k_head, dims, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
+                s_next = dot(q, tl.trans(k), DOT_PRECISION, UPCAST)
+                m, l, p, alpha = softmax_update(s, qk_scale, None, None, None, m, l, False, False)
+                v = _tile(v_ptr, bt_row, t0, kv_head, stride_v_block, stride_v_tok, stride_v_head, dims, HEAD_DIM,
+                          HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
+                acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
+                s = s_next
+    else:
+        for t0 in range(0, end, BLOCK_N):
+            k = _tile(k_ptr, bt_row, t0, kv_head, stride_k_block, stride_k_tok, stride_k_head, dims, HEAD_DIM,
+                      HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
+            s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST)
+            m, l, p, alpha = softmax_update(s, qk_scale, None, None, None, m, l, False, False)
+            v = _tile(v_ptr, bt_row, t0, kv_head, stride_v_block, stride_v_tok, stride_v_head, dims, HEAD_DIM,
+                      HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
+            acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
+    return m, l, acc
 
 
 @triton.jit(do_not_specialize=["stride_bt_seq"])  # (see work_split.RUN_TIME_INTS)
@@ -58,18 +124,19 @@ def _prefill(
     GROUP: tl.constexpr, HEADS_PER_TOKEN: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    LOOKAHEAD: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Grid axis 1: KV heads (HEADS_PER_TOKEN rows a token: the group, padded) or query heads (1 row a token)."""
+    """Units: KV heads (HEADS_PER_TOKEN rows a token: the group, padded) or query heads (1 row a token)."""
+    q_tile, unit, seq = prefill_program()
     if HEADS_PER_TOKEN == 1:
-        kv_head = tl.program_id(1) // GROUP
-        first_head = tl.program_id(1)
+        kv_head = unit // GROUP
+        first_head = unit
     else:
-        kv_head = tl.program_id(1)
+        kv_head = unit
         first_head = kv_head * GROUP
-    seq, q_start, q_len, prefix, tok, in_group = prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, BLOCK_Q,
-                                                              HEADS_PER_TOKEN)
-    if tl.program_id(0) * BLOCK_Q >= q_len:
+    q_start, q_len, prefix, tok, in_group = prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, q_tile, seq, BLOCK_Q,
+                                                         HEADS_PER_TOKEN)
+    if q_tile * BLOCK_Q >= q_len:
         return
     row_mask = (tok < q_len) & (in_group < GROUP)
     heads = first_head + in_group
@@ -79,15 +146,15 @@ def _prefill(
     q = tl.load(q_ptr + q_off, mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
     q_pos = prefix + tok  # position in the sequence: sees keys 0..q_pos
 
-    kv_end = prefix + tl.minimum(q_len, (tl.program_id(0) + 1) * BLOCK_Q)  # the tile's last query sees no further
+    kv_end = prefix + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)  # the tile's last query sees no further
     bt_row = block_table_ptr + seq * stride_bt_seq
     masked_from = 0
     if SPLIT_CAUSAL:  # whole key tiles before the first row's position: every row sees all of them
-        masked_from = (prefix + tl.program_id(0) * BLOCK_Q) // BLOCK_N * BLOCK_N
-    m, l, acc = attend_tokens(q, k_ptr, v_ptr, bt_row, kv_head, 0, masked_from, qk_scale,
-                              stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
-                              stride_v_head, q_pos, BLOCK_Q * HEADS_PER_TOKEN, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE,
-                              BLOCK_N, False, DOT_PRECISION, UPCAST)
+        masked_from = (prefix + q_tile * BLOCK_Q) // BLOCK_N * BLOCK_N
+    m, l, acc = attend_whole_tiles(q, k_ptr, v_ptr, bt_row, kv_head, masked_from, qk_scale,
+                                   stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
+                                   stride_v_head, BLOCK_Q * HEADS_PER_TOKEN, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE,
+                                   BLOCK_N, LOOKAHEAD, DOT_PRECISION, UPCAST)
     m, l, acc = attend_more_tokens(m, l, acc, q, k_ptr, v_ptr, bt_row, kv_head, masked_from, kv_end, qk_scale,
                                    stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
                                    stride_v_head, q_pos, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, True,
@@ -115,7 +182,7 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
     cfg = {**CONFIG, **(CPU_CONFIG if q.device.type == "cpu" else {}), **(config or {})}
     heads_per_token = 1 if cfg["one_head_per_program"] else next_pow2(group)
     block_q = max(1, cfg["rows"] // heads_per_token)
-    grid = (triton.cdiv(max_q_len, block_q), num_q_heads if heads_per_token == 1 else num_kv_heads, num_seqs)
+    grid = prefill_grid(max_q_len, block_q, num_q_heads if heads_per_token == 1 else num_kv_heads, num_seqs)
     _prefill[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out,
         scale * LOG2E,
@@ -127,7 +194,8 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
         GROUP=group, HEADS_PER_TOKEN=heads_per_token,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=cfg["block_n"], SPLIT_CAUSAL=cfg["split_causal"],
-        DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(q),
+        LOOKAHEAD=cfg["lookahead"], DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(q),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and q.device.type == "cuda" else {}),
     )
     return out
