@@ -430,15 +430,16 @@ H200_COPY_BPS, H200_MM_FLOPS = 4.28e12, 7.9e14
 # (kernels_h200_2026-12-01_nvidia-h200_grid*) chose today's defaults: a query head per program for dense prefill,
 # tiles for MLA prefill (absorbed and decompressed) and for 128-head MLA decode, min_tiles for 16-head MLA decode.
 SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the configs)
-    # rows, key tile, warps, stages, the next tile scored ahead: the default and its neighbours; two programs a
-    # multiprocessor (64 rows on one warpgroup, 64-key tiles: one program's exponentials beside the other's products)
+    # rows, key tile, warps, stages, launch order: the default and its neighbours; two programs a multiprocessor (64
+    # rows on one warpgroup, 64-key tiles: one program's exponentials beside the other's products); a tile's heads
+    # launched side by side (tiles_first off). The next tile scored ahead of the exponentials was slower everywhere
+    # (kernels_h200_2026-12-02_*_grid-1: Triton waits on the scores at once, ptx wgmma.wait_group 0).
     "prefill": (PREFILL, prefill.CONFIG, [
         {**prefill.CONFIG, "rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages,
-         "lookahead": ahead}
-        for rows, block_n, warps, stages, ahead in (
-            (128, 128, 8, 3, False), (128, 128, 8, 2, False), (128, 64, 8, 3, False), (128, 64, 8, 4, False),
-            (128, 128, 8, 2, True), (128, 64, 8, 3, True), (64, 64, 4, 2, False), (64, 64, 4, 3, False),
-            (64, 64, 4, 2, True))]),
+         "tiles_first": tiles_first}
+        for rows, block_n, warps, stages, tiles_first in (
+            (128, 128, 8, 3, True), (128, 128, 8, 3, False), (128, 128, 8, 2, True), (128, 64, 8, 3, True),
+            (64, 64, 4, 3, True), (64, 64, 4, 3, False), (64, 64, 4, 2, True))]),
     "mla-prefill": (MLA_PREFILL, mla.PREFILL_CONFIG, [
         {"rows": 32, "block_n": block_n, "num_warps": warps, "num_stages": stages}
         for block_n in (64, 128) for warps in (4, 8) for stages in (1, 2)]),

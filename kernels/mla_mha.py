@@ -11,7 +11,7 @@ The decompressed keys and values of the whole context live for the call: context
 
 One program takes BLOCK_M new tokens of one head and sequence (no padding of rows); the key tiles below the causal
 diagonal run unmasked, the diagonal's masked (kernels/prefill.py's split_causal), in prefill.py's grid (the last
-query tiles first).
+query tiles first, a head's tiles together).
 
 Context windows: the decompressed keys and values of at most CONTEXT_WINDOW_BYTES are held at a time. A longer context
 (all sequences' tokens, packed) is taken window by window, as vLLM's MLA prefill chunks its context: each window's
@@ -89,7 +89,7 @@ def _mha_prefill(
     """Units: heads (kernels/prefill.py's grid). A sequence's new tokens are the last q_len of its k_len context tokens.
     WINDOWED: the keys and values hold the packed context tokens [window_start, window_end) only, each row attends
     over its sequence's tokens there, and writes its log-sum-exp (log2, -inf where it saw none) beside its output."""
-    q_tile, head, seq = prefill_program()
+    q_tile, head, seq = prefill_program(True)  # a head's keys are its own: its tiles together
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     if q_tile * BLOCK_M >= q_len:

@@ -13,9 +13,9 @@ the work is compute-bound). With split_causal, the key tiles that every row of t
 in full (those before its first token's position) run without the causal mask, and only the
 tiles on the diagonal apply it; the tiles before it load and score with no mask at all.
 
-Grid (units, sequences, query tiles), the last query tiles first: their causal rows see the most keys, and a short
-prompt's grid is a few waves, whose tail must not be the longest programs. A tile's units (query heads, or KV heads)
-are launched side by side, reading the same keys from L2.
+The last query tiles launch first: their causal rows see the most keys, and a short prompt's grid is a few waves,
+whose tail must not be the longest programs. tiles_first: a unit's (query head's, or KV head's) tiles are launched
+together, reading the same keys from L2; otherwise a tile's units are (GQA: the heads of a group share their keys).
 """
 import torch
 import triton
@@ -34,18 +34,21 @@ LOG2E = 1.4426950408889634
 # prompt from 2.99x of the FLOP floor to 1.99x (kernels_h200_*_grid, 48 configs of grouped rows), and one query head
 # per program, no group padding, to 1.89x; within 0.16x of the best config on every other prefill cell (*_grid-2).
 CONFIG = {"rows": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "split_causal": True,
-          "one_head_per_program": True, "lookahead": False}
+          "one_head_per_program": True, "tiles_first": True}
 CPU_CONFIG = {"rows": 16, "block_n": 16}  # the interpreter: small tiles run faster
 
 
 @triton.jit
-def prefill_program():
+def prefill_program(TILES_FIRST: tl.constexpr):
     """(query tile, unit, sequence) of a grid made by prefill_grid: the last query tile first."""
+    if TILES_FIRST:
+        return tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1), tl.program_id(2)
     return tl.num_programs(2) - 1 - tl.program_id(2), tl.program_id(0), tl.program_id(1)
 
 
-def prefill_grid(max_q_len, block_q, units, num_seqs):
-    return units, num_seqs, triton.cdiv(max_q_len, block_q)
+def prefill_grid(max_q_len, block_q, units, num_seqs, tiles_first=True):
+    tiles = triton.cdiv(max_q_len, block_q)
+    return (tiles, units, num_seqs) if tiles_first else (units, num_seqs, tiles)
 
 
 @triton.jit
@@ -76,39 +79,22 @@ def _tile(ptr, bt_row, t0, kv_head, stride_block, stride_tok, stride_head, dims,
 def attend_whole_tiles(q, k_ptr, v_ptr, bt_row, kv_head, end, qk_scale,
                        stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok, stride_v_head,
                        ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                       BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, LOOKAHEAD: tl.constexpr,
+                       BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Online softmax of q's ROWS rows over tokens [0, end), end a multiple of BLOCK_N, that every row sees in full:
-    (max, sum, unnormalized out). LOOKAHEAD: the next tile's scores are issued before this tile's exponentials, so
-    the tensor cores have work while they run (FlashAttention-3's overlap within a warpgroup); the last tile's
-    lookahead scores itself again, unused."""
+    (max, sum, unnormalized out)."""
     m = tl.full([ROWS], float("-inf"), tl.float32)
     l = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
     dims = tl.arange(0, HEAD_DIM_PAD)
-    if LOOKAHEAD:
-        if end > 0:
-            k = _tile(k_ptr, bt_row, 0, kv_head, stride_k_block, stride_k_tok, stride_k_head, dims, HEAD_DIM,
-                      HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
-            s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST)
-            for t0 in range(0, end, BLOCK_N):
-                k = _tile(k_ptr, bt_row, tl.minimum(t0 + BLOCK_N, end - BLOCK_N), kv_head, stride_k_block,
-                          stride_k_tok, stride_k_head, dims, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
-                s_next = dot(q, tl.trans(k), DOT_PRECISION, UPCAST)
-                m, l, p, alpha = softmax_update(s, qk_scale, None, None, None, m, l, False, False)
-                v = _tile(v_ptr, bt_row, t0, kv_head, stride_v_block, stride_v_tok, stride_v_head, dims, HEAD_DIM,
-                          HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
-                acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
-                s = s_next
-    else:
-        for t0 in range(0, end, BLOCK_N):
-            k = _tile(k_ptr, bt_row, t0, kv_head, stride_k_block, stride_k_tok, stride_k_head, dims, HEAD_DIM,
-                      HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
-            s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST)
-            m, l, p, alpha = softmax_update(s, qk_scale, None, None, None, m, l, False, False)
-            v = _tile(v_ptr, bt_row, t0, kv_head, stride_v_block, stride_v_tok, stride_v_head, dims, HEAD_DIM,
-                      HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
-            acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
+    for t0 in range(0, end, BLOCK_N):
+        k = _tile(k_ptr, bt_row, t0, kv_head, stride_k_block, stride_k_tok, stride_k_head, dims, HEAD_DIM,
+                  HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
+        s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST)
+        m, l, p, alpha = softmax_update(s, qk_scale, None, None, None, m, l, False, False)
+        v = _tile(v_ptr, bt_row, t0, kv_head, stride_v_block, stride_v_tok, stride_v_head, dims, HEAD_DIM,
+                  HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
     return m, l, acc
 
 
@@ -124,10 +110,10 @@ def _prefill(
     GROUP: tl.constexpr, HEADS_PER_TOKEN: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_CAUSAL: tl.constexpr,
-    LOOKAHEAD: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    TILES_FIRST: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Units: KV heads (HEADS_PER_TOKEN rows a token: the group, padded) or query heads (1 row a token)."""
-    q_tile, unit, seq = prefill_program()
+    q_tile, unit, seq = prefill_program(TILES_FIRST)
     if HEADS_PER_TOKEN == 1:
         kv_head = unit // GROUP
         first_head = unit
@@ -154,7 +140,7 @@ def _prefill(
     m, l, acc = attend_whole_tiles(q, k_ptr, v_ptr, bt_row, kv_head, masked_from, qk_scale,
                                    stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
                                    stride_v_head, BLOCK_Q * HEADS_PER_TOKEN, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE,
-                                   BLOCK_N, LOOKAHEAD, DOT_PRECISION, UPCAST)
+                                   BLOCK_N, DOT_PRECISION, UPCAST)
     m, l, acc = attend_more_tokens(m, l, acc, q, k_ptr, v_ptr, bt_row, kv_head, masked_from, kv_end, qk_scale,
                                    stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
                                    stride_v_head, q_pos, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, True,
@@ -182,7 +168,8 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
     cfg = {**CONFIG, **(CPU_CONFIG if q.device.type == "cpu" else {}), **(config or {})}
     heads_per_token = 1 if cfg["one_head_per_program"] else next_pow2(group)
     block_q = max(1, cfg["rows"] // heads_per_token)
-    grid = prefill_grid(max_q_len, block_q, num_q_heads if heads_per_token == 1 else num_kv_heads, num_seqs)
+    grid = prefill_grid(max_q_len, block_q, num_q_heads if heads_per_token == 1 else num_kv_heads, num_seqs,
+                        cfg["tiles_first"])
     _prefill[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out,
         scale * LOG2E,
@@ -194,7 +181,7 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
         GROUP=group, HEADS_PER_TOKEN=heads_per_token,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=cfg["block_n"], SPLIT_CAUSAL=cfg["split_causal"],
-        LOOKAHEAD=cfg["lookahead"], DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(q),
+        TILES_FIRST=cfg["tiles_first"], DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(q),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and q.device.type == "cuda" else {}),
     )

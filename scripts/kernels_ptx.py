@@ -116,9 +116,6 @@ def launches() -> dict[str, tuple]:
         "prefill gqa 8/2, GPU config, a KV head's group per program": lambda: prefill.paged_prefill(
             torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens, 0.088, max_q_len=8,
             config={**prefill.CONFIG, "one_head_per_program": False}),
-        "prefill gqa 8/2, GPU config, next tile scored ahead": lambda: prefill.paged_prefill(
-            torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens, 0.088, max_q_len=8,
-            config={**prefill.CONFIG, "lookahead": True}),
         "mla 16 heads, rank 512 + rope 64": lambda: mla.mla_decode(
             torch.randn(seqs, 16, 512, dtype=bf16), torch.randn(seqs, 16, 64, dtype=bf16), latent, table, lens,
             0.072, num_programs=4),
