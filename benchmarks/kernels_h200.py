@@ -370,6 +370,8 @@ MLA_DECODE, DECODE, PREFILL, MLA_PREFILL = "MLA decode", "paged decode", "prefil
 # tokens on a long prefix: harness/stacks/paged/mla.py's runs_decompressed)
 MLA_MHA_PREFILL = "MLA prefill, decompressed"
 FAMILIES = (MLA_DECODE, DECODE, PREFILL, MLA_PREFILL, MLA_MHA_PREFILL)
+FAMILY_KEYS = {"mla-decode": MLA_DECODE, "decode": DECODE, "prefill": PREFILL, "mla-prefill": MLA_PREFILL,
+               "mla-mha-prefill": MLA_MHA_PREFILL}  # --families
 PREFILLS, MLA_FAMILIES = (PREFILL, MLA_PREFILL, MLA_MHA_PREFILL), (MLA_DECODE, MLA_PREFILL, MLA_MHA_PREFILL)
 SDPA = "SDPA beside"  # torch SDPA on a contiguous cache, timed beside each prefill cell
 GRID = {
@@ -877,6 +879,10 @@ def run_grid(args, g, env, t0):
     log(f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write, device-to-device copy); "
         f"bf16 matmul {rate / 1e12:.1f} TFLOP/s (torch.mm, best run)")
     cells, skipped = grid_cells(g)
+    if args.families:  # a part of the grid: the other families' cells are not run, nor listed
+        wanted = {FAMILY_KEYS[key] for key in args.families}
+        cells = [c for c in cells if c.family in wanted]
+        skipped = [(c, why) for c, why in skipped if c.family in wanted]
     full, _ = grid_cells(GRID)
     estimate = estimate_seconds(full, GRID)
     log(f"grid: {len(cells)} cells, {len(skipped)} over the cache cap; the full grid ({len(full)} cells) is "
@@ -974,7 +980,7 @@ def prefill_table(rows, g):
     log(f"{'case':44s} {'floor ms':>9s} {'ours ms':>8s} {'x':>6s} {'SDPA ms':>8s} {'x':>6s} {'rel err':>8s}  SDPA")
     by_name = {(r["family"], r["name"]): r for r in rows}
     for c in all_cells(g):
-        if c.family not in PREFILLS:
+        if c.family not in PREFILLS or (c.family, c.name) not in by_name:  # (not run: --families)
             continue
         r = by_name[(c.family, c.name)]
         sd = r.get("sdpa", {})
@@ -1004,8 +1010,9 @@ def grid_report(rows, g, bandwidth, rate):
         f"FLOPs / {rate / 1e12:.0f} TFLOP/s bf16 mm); x floor = ours / floor (* = the FLOP floor)")
     summary_table(rows)
     for family in (MLA_DECODE, DECODE):
-        log("")
-        decode_table(rows, family, g)
+        if any(r["family"] == family for r in rows):  # (--families may leave it out)
+            log("")
+            decode_table(rows, family, g)
     log("")
     kernel_split_table(rows)
     log("")
@@ -1062,6 +1069,8 @@ def main():
     parser.add_argument("--config-sweep", nargs="*", choices=sorted(SWEEPS), metavar="SWEEP",
                         help="--grid also times kernel configs on the cells sweep_of() picks: the SWEEPS named "
                              f"({', '.join(SWEEPS)}), every one if none is")
+    parser.add_argument("--families", nargs="+", choices=sorted(FAMILY_KEYS), metavar="FAMILY",
+                        help=f"--grid runs only these kernel families ({', '.join(FAMILY_KEYS)})")
     parser.add_argument("--max-seconds", type=float, default=480,
                         help="--grid starts no cell past this many seconds from the start (default 480)")
     args = parser.parse_args()
