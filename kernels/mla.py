@@ -178,7 +178,7 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
     # 16 rows: the tensor cores' least; the interpreter takes any power of two
     head_block = 16 if on_gpu else min(16, next_pow2(num_heads))
     block_q = max(1, cfg["rows"] // head_block)
-    grid = prefill_grid(max_q_len, block_q, triton.cdiv(num_heads, head_block), num_seqs)
+    grid, _ = prefill_grid(max_q_len, block_q, triton.cdiv(num_heads, head_block), num_seqs, True, q_latent.device)
     _mla_prefill[grid](
         q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, out,
         scale * LOG2E,

@@ -11,7 +11,7 @@ The decompressed keys and values of the whole context live for the call: context
 
 One program takes BLOCK_M new tokens of one head and sequence (no padding of rows); the key tiles below the causal
 diagonal run unmasked, the diagonal's masked (kernels/prefill.py's split_causal), in prefill.py's grid (the last
-query tiles first, a head's tiles together).
+query tiles first; units side by side in a grid of a few waves).
 
 Context windows: the decompressed keys and values of at most CONTEXT_WINDOW_BYTES are held at a time. A longer context
 (all sequences' tokens, packed) is taken window by window, as vLLM's MLA prefill chunks its context: each window's
@@ -31,7 +31,7 @@ LOG2E = 1.4426950408889634
 # 128 query rows on 8 warps, 64-key tiles, 3 stages (a tile's nope, rope and value rows: 40 KiB of shared memory a
 # stage). Of 24 configs on 16h x 4K and 32K and 128h x 4K (H200, kernels_h200_2026-12-01_*_grid-4), the best worst
 # case: 2.94x of the FLOP floor; 128-key tiles at 3 stages do not fit.
-CONFIG = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
+CONFIG = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "tiles_first": None}
 CPU_CONFIG = {"block_m": 16, "block_n": 16}  # the interpreter runs small tiles faster
 # 1 GiB of decompressed keys and values at a time: 128K context tokens of V2-Lite (16 heads x 256 values x 2 bytes), 16K
 # of V2 (128 heads)
@@ -84,12 +84,12 @@ def _mha_prefill(
     stride_o_tok, stride_o_head, stride_lse_tok,
     NOPE: tl.constexpr, NOPE_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WINDOWED: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    WINDOWED: tl.constexpr, TILES_FIRST: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Units: heads (kernels/prefill.py's grid). A sequence's new tokens are the last q_len of its k_len context tokens.
     WINDOWED: the keys and values hold the packed context tokens [window_start, window_end) only, each row attends
     over its sequence's tokens there, and writes its log-sum-exp (log2, -inf where it saw none) beside its output."""
-    q_tile, head, seq = prefill_program(True)  # a head's keys are its own: its tiles together
+    q_tile, head, seq = prefill_program(TILES_FIRST)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     if q_tile * BLOCK_M >= q_len:
@@ -216,7 +216,7 @@ def _launch(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, out, lse, scale, window_
     num_seqs, heads, nope = cu_seqlens_q.shape[0] - 1, q_nope.shape[1], q_nope.shape[2]
     rope, v_dim = q_pe.shape[-1], out.shape[-1]
     k_nope, v = kv[..., :nope], kv[..., nope:]
-    grid = prefill_grid(max_q_len, cfg["block_m"], heads, num_seqs)
+    grid, tiles_first = prefill_grid(max_q_len, cfg["block_m"], heads, num_seqs, cfg["tiles_first"], q_nope.device)
     _mha_prefill[grid](
         q_nope, q_pe, k_nope, k_pe, v, cu_seqlens_q, cu_k, out, out if lse is None else lse, scale * LOG2E,
         window_start, window_end,
@@ -225,6 +225,7 @@ def _launch(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, out, lse, scale, window_
         out.stride(0), out.stride(1), 0 if lse is None else lse.stride(0),
         NOPE=nope, NOPE_PAD=max(16, next_pow2(nope)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
         V_DIM=v_dim, V_PAD=max(16, next_pow2(v_dim)), BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
-        WINDOWED=lse is not None, DOT_PRECISION=dot_precision(q_nope.dtype), UPCAST=upcast_dots(q_nope),
+        WINDOWED=lse is not None, TILES_FIRST=tiles_first, DOT_PRECISION=dot_precision(q_nope.dtype),
+        UPCAST=upcast_dots(q_nope),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

@@ -13,15 +13,15 @@ the work is compute-bound). With split_causal, the key tiles that every row of t
 in full (those before its first token's position) run without the causal mask, and only the
 tiles on the diagonal apply it; the tiles before it load and score with no mask at all.
 
-The last query tiles launch first: their causal rows see the most keys, and a short prompt's grid is a few waves,
-whose tail must not be the longest programs. tiles_first: a unit's (query head's, or KV head's) tiles are launched
-together, reading the same keys from L2; otherwise a tile's units are (GQA: the heads of a group share their keys).
+The last query tiles launch first: their causal rows see the most keys. A grid of a few waves launches a tile's units
+(query heads, or KV heads) side by side, every unit's heaviest tile first, so its last wave holds the shortest
+programs; a larger grid launches a unit's tiles together instead, as they read the same keys from L2 (prefill_grid).
 """
 import torch
 import triton
 import triton.language as tl
 
-from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, upcast_dots
+from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, sm_count, upcast_dots
 from .decode import attend_more_tokens
 from .dot import dot, softmax_update
 
@@ -34,8 +34,13 @@ LOG2E = 1.4426950408889634
 # prompt from 2.99x of the FLOP floor to 1.99x (kernels_h200_*_grid, 48 configs of grouped rows), and one query head
 # per program, no group padding, to 1.89x; within 0.16x of the best config on every other prefill cell (*_grid-2).
 CONFIG = {"rows": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "split_causal": True,
-          "one_head_per_program": True, "tiles_first": True}
+          "one_head_per_program": True, "tiles_first": None}
 CPU_CONFIG = {"rows": 16, "block_n": 16}  # the interpreter: small tiles run faster
+# tiles_first None: a grid of up to FEW_WAVES programs a multiprocessor launches units side by side. On the H200
+# (kernels_h200_2026-12-02_*_grid-1, -2) units side by side / a unit's tiles together: dense prefill 2K 0.108 / 0.127
+# ms (3.4 waves), 8K 1.231 / 1.263 (14), 8 x 2K 0.817 / 0.779 (27), 32K 19.30 / 18.36 (54); decompressed MLA 16h 4K
+# 0.261 / 0.303 (3.9), 16h 32K 11.40 / 11.14 (31), 128h 4K 1.98 / 1.82 (31), 128h 32K 132.7 / 117.9.
+FEW_WAVES = 16
 
 
 @triton.jit
@@ -46,9 +51,12 @@ def prefill_program(TILES_FIRST: tl.constexpr):
     return tl.num_programs(2) - 1 - tl.program_id(2), tl.program_id(0), tl.program_id(1)
 
 
-def prefill_grid(max_q_len, block_q, units, num_seqs, tiles_first=True):
+def prefill_grid(max_q_len, block_q, units, num_seqs, tiles_first, device):
+    """The grid and its TILES_FIRST (prefill_program): tiles_first True or False, or None to choose by its waves."""
     tiles = triton.cdiv(max_q_len, block_q)
-    return (tiles, units, num_seqs) if tiles_first else (units, num_seqs, tiles)
+    if tiles_first is None:
+        tiles_first = tiles * units * num_seqs > FEW_WAVES * sm_count(device)
+    return ((tiles, units, num_seqs) if tiles_first else (units, num_seqs, tiles)), tiles_first
 
 
 @triton.jit
@@ -168,8 +176,8 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
     cfg = {**CONFIG, **(CPU_CONFIG if q.device.type == "cpu" else {}), **(config or {})}
     heads_per_token = 1 if cfg["one_head_per_program"] else next_pow2(group)
     block_q = max(1, cfg["rows"] // heads_per_token)
-    grid = prefill_grid(max_q_len, block_q, num_q_heads if heads_per_token == 1 else num_kv_heads, num_seqs,
-                        cfg["tiles_first"])
+    grid, tiles_first = prefill_grid(max_q_len, block_q, num_q_heads if heads_per_token == 1 else num_kv_heads,
+                                     num_seqs, cfg["tiles_first"], q.device)
     _prefill[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out,
         scale * LOG2E,
@@ -181,7 +189,7 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
         GROUP=group, HEADS_PER_TOKEN=heads_per_token,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=cfg["block_n"], SPLIT_CAUSAL=cfg["split_causal"],
-        TILES_FIRST=cfg["tiles_first"], DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(q),
+        TILES_FIRST=tiles_first, DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(q),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and q.device.type == "cuda" else {}),
     )

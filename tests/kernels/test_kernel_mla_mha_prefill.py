@@ -42,7 +42,8 @@ def test_matches_reference_fp32(block_size, heads):
     assert_close(mla_mha_prefill(*case, out=poisoned_out(case)), fp32_reference(*case))
 
 
-@pytest.mark.parametrize("config", [{"block_m": 32, "block_n": 16}, {"block_m": 16, "block_n": 32}])
+@pytest.mark.parametrize("config", [{"block_m": 32, "block_n": 16}, {"block_m": 16, "block_n": 32},
+                                    {"block_m": 16, "tiles_first": True}, {"block_m": 16, "tiles_first": False}])
 def test_other_tiles_give_the_same_answer(config):
     case = make_case(3, 16, 2, [37, 20], [5, 0])
     assert_close(mla_mha_prefill(*case, out=poisoned_out(case), config=config), fp32_reference(*case))
@@ -61,6 +62,13 @@ def test_a_context_taken_window_by_window(window):
     holds several, a sequence with no token in a window; merged, the same attention as in one pass."""
     case = make_case(10 + window, 8, 3, [40, 6, 1], [0, 35, 11])
     out = mla_mha_prefill(*case, out=poisoned_out(case), window=window)
+    assert_close(out, fp32_reference(*case))
+
+
+@pytest.mark.parametrize("tiles_first", [True, False])
+def test_windows_in_either_launch_order(tiles_first):
+    case = make_case(3, 8, 2, [40, 6, 1], [0, 35, 11])  # 2 heads, 3 sequences: a swapped grid axis shows
+    out = mla_mha_prefill(*case, out=poisoned_out(case), window=7, config={"tiles_first": tiles_first})
     assert_close(out, fp32_reference(*case))
 
 

@@ -47,7 +47,9 @@ def test_chunked_prefill_half_precision(dtype, ratio):
 @pytest.mark.parametrize("config", [{"split_causal": False}, {"split_causal": True},
                                     {"split_causal": True, "rows": 32, "block_n": 32},
                                     {"split_causal": True, "one_head_per_program": True},
-                                    {"split_causal": False, "one_head_per_program": True, "rows": 8}])
+                                    {"split_causal": False, "one_head_per_program": True, "rows": 8},
+                                    {"one_head_per_program": True, "tiles_first": True},
+                                    {"one_head_per_program": False, "tiles_first": False}])
 @pytest.mark.parametrize("ratio", [1, 4, 7])
 def test_every_layout_and_causal_split_gives_the_answer(ratio, config):
     # long enough that a program's first row sits past whole key tiles: after a cached prefix of 40 tokens
