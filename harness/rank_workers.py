@@ -1,14 +1,16 @@
 """Tensor-parallel items (`tensor_parallel: N`): N rank processes per round, one Measurement.
 
-The runner starts N workers (`python -m harness.worker ... --rank R --world-size N --master-port P`) for a
+The runner starts N workers (`python -m harness.worker ... --rank R --world-size N --rendezvous FILE`) for a
 stack that shards its model across ranks itself (a class attribute `rank_processes = True`: the paged
 stack). Each rank joins one torch.distributed group (gloo on the CPU, NCCL on CUDA with NVLink multicast
-off, rendezvous on a free 127.0.0.1 port), runs on its own device (`cuda:R`) and measures itself with the
-usual collectors in its own process. The ranks' Measurements merge into one: every metric is the maximum
+off) through a file of the round's own (torch.distributed's FileStore: a free port chosen by the runner could
+be taken by another process before rank 0 bound it), runs on its own device (`cuda:R`) and measures itself with
+the usual collectors in its own process. The ranks' Measurements merge into one: every metric is the maximum
 across ranks under its usual name (the rank that would run out first), and `ranks` keeps each rank's
 numbers for the report. On GPUs the item's device class names the GPU count (`nvidia-h200-x2`), so its
 baselines live apart from single-GPU items'; the CPU ranks share one host, whose class stays. A rank that
-dies takes the item to an `error` verdict; the others are stopped.
+dies takes the item to an `error` verdict, whose reason names the rank that failed first and the first line of
+its error; the others are stopped.
 
 Stacks with a tensor parallelism of their own (vllm) keep the single worker the runner always starts.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
+import shutil
 import subprocess
 import tempfile
 import time
@@ -26,7 +28,6 @@ from .measurement import Measurement
 from .metrics.value import MetricValue
 from .states import ErrorKind, ItemError
 
-LOOPBACK = "127.0.0.1"
 GRACE_S = 10.0  # how long the other ranks may take to finish once one rank has stopped
 COLLECTIVE_TIMEOUT_S = 300.0  # a collective waiting longer than this for a peer fails the rank
 FAULT_ENV = "MEMCHECK_TP_FAULT_RANK"  # fault injection for the tests: this rank kills itself after joining
@@ -42,12 +43,6 @@ def runs_ranks(stack: str) -> bool:
         return False
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
-
-
 # -- the runner's side ------------------------------------------------------------------------------
 def measure_ranks(workload, stack: str, command, env: dict, timeout_s: float | None, describe_death) -> Measurement:
     """One round of a tensor-parallel item: start the N rank workers, wait, merge their Measurements.
@@ -55,30 +50,33 @@ def measure_ranks(workload, stack: str, command, env: dict, timeout_s: float | N
     command(out_path) -> the worker command line (without the rank arguments); describe_death(returncode,
     stderr) -> why a worker ended without a result."""
     n = workload.tensor_parallel
-    port = free_port()
-    env = {**env, "NCCL_NVLS_ENABLE": "0", "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port)}
+    round_dir = tempfile.mkdtemp(prefix="memcheck-tp-")  # the round's results and rendezvous file, removed after
+    rendezvous = os.path.join(round_dir, "rendezvous")  # FileStore: no port, so no other process can take it
+    env = {**env, "NCCL_NVLS_ENABLE": "0"}
     outs, procs, logs = [], [], []
     try:
         for rank in range(n):
-            fd, out = tempfile.mkstemp(prefix=f"memcheck-rank{rank}-", suffix=".json")
-            os.close(fd)
+            out = os.path.join(round_dir, f"rank{rank}.json")
+            open(out, "w").close()  # empty until the worker writes its result
             outs.append(out)
             log = tempfile.TemporaryFile()
             logs.append(log)
-            cmd = command(out) + ["--rank", str(rank), "--world-size", str(n), "--master-port", str(port)]
+            cmd = command(out) + ["--rank", str(rank), "--world-size", str(n), "--rendezvous", rendezvous]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env))
-        timed_out = _wait(procs, outs, timeout_s)
-        measured, failures = [], []
+        timed_out, first, stopped = _wait(procs, outs, timeout_s)
+        measured, failures = {}, {}
         for rank, (proc, out, log) in enumerate(zip(procs, outs, logs)):
             if os.path.getsize(out):
                 with open(out) as f:
-                    measured.append(Measurement.from_json(json.load(f)))
-                continue
-            log.seek(0)
-            stderr = log.read()
-            why = (f"no result after {timeout_s:g} s" if timed_out and proc.returncode in (-9, -15)
-                   else describe_death(proc.returncode, stderr))
-            failures.append(f"rank {rank}: {why}")
+                    measured[rank] = Measurement.from_json(json.load(f))
+                if measured[rank].error:
+                    failures[rank] = _first_line(measured[rank].error.message)
+            elif rank in stopped:
+                failures[rank] = (f"no result after {timeout_s:g} s" if timed_out
+                                  else f"stopped {GRACE_S:g} s after rank {first} failed")
+            else:
+                log.seek(0)
+                failures[rank] = describe_death(proc.returncode, _error_line(log.read()))
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -86,37 +84,53 @@ def measure_ranks(workload, stack: str, command, env: dict, timeout_s: float | N
                 proc.wait()
         for log in logs:
             log.close()
-        for out in outs:
-            os.unlink(out)
-    if failures or len(measured) != n:
-        m = Measurement.of_item(workload, stack)
-        m.error = ItemError(ErrorKind.TIMEOUT if timed_out else ErrorKind.CRASH,
-                            f"{len(failures)} of {n} tensor-parallel ranks ended without a result: "
-                            + "; ".join(failures))
-        rank_errors = [f"rank {r}: {x.error.message}" for r, x in enumerate(measured) if x.error]
-        if rank_errors:
-            m.notes.append("the other ranks: " + "; ".join(rank_errors))
-        return m
-    return merge(measured)
+        shutil.rmtree(round_dir, ignore_errors=True)
+    if not failures:
+        return merge([measured[r] for r in range(n)])  # a rank's skip is the item's
+    # The rank that failed first leads: the others' errors (a peer closed the connection) follow from it.
+    first = first if first in failures else min(failures)
+    m = measured[first] if first in measured else Measurement.of_item(workload, stack)
+    kind = ErrorKind.TIMEOUT if timed_out else m.error.kind if m.error else ErrorKind.CRASH
+    m.error = ItemError(kind, f"{len(failures)} of {n} tensor-parallel ranks failed: "
+                        + "; ".join(f"rank {r}: {failures[r]}" for r in sorted(failures, key=lambda r: r != first)))
+    return m
 
 
-def _wait(procs, outs, timeout_s: float | None) -> bool:
+def _first_line(text: str) -> str:
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+
+def _error_line(stderr: bytes) -> str:
+    """The first line of the exception a worker's traceback ends with (its frames left out), else stderr's last
+    line: one line that says why, where the traceback's tail would crowd out the other ranks' reasons."""
+    lines = [ln for ln in stderr.decode(errors="replace").splitlines() if ln.strip() and not ln.startswith("USDT:")]
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
+    if starts:  # the last traceback is the exception that ended the process; its frames are indented
+        raised = [ln for ln in lines[starts[-1] + 1:] if not ln.startswith((" ", "\t"))]
+        if raised:
+            return raised[0]
+    return lines[-1] if lines else ""
+
+
+def _wait(procs, outs, timeout_s: float | None) -> tuple[bool, int | None, set[int]]:
     """Wait for every rank. Once one has failed (no result, or an error), give the rest GRACE_S and stop them:
-    a rank that died leaves its peers blocked in a collective. True if the round's timeout ran out."""
+    a rank that died leaves its peers blocked in a collective. Returns whether the round's timeout ran out, the
+    rank seen failing first (None if none was seen while others ran) and the ranks stopped here."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
+    first = None
     failed_at = None
-    while any(p.poll() is None for p in procs):
+    while None in [p.poll() for p in procs]:  # poll every rank: any() would stop at the first one running
         now = time.monotonic()
-        if failed_at is None and any(p.returncode is not None and _failed(p, out) for p, out in zip(procs, outs)):
-            failed_at = now
+        if failed_at is None:
+            first = next((r for r, (p, out) in enumerate(zip(procs, outs))
+                          if p.returncode is not None and _failed(p, out)), None)
+            failed_at = now if first is not None else None
         if deadline and now > deadline:
-            _stop(procs)
-            return True
+            return True, first, _stop(procs)
         if failed_at is not None and now - failed_at > GRACE_S:
-            _stop(procs)
-            return False
+            return False, first, _stop(procs)
         time.sleep(0.05)
-    return False
+    return False, first, set()
 
 
 def _failed(proc, out: str) -> bool:
@@ -129,12 +143,14 @@ def _failed(proc, out: str) -> bool:
         return True
 
 
-def _stop(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
+def _stop(procs) -> set[int]:
+    """Kill the ranks still running; returns them."""
+    running = {r for r, p in enumerate(procs) if p.poll() is None}
+    for r in running:
+        procs[r].kill()
     for p in procs:
         p.wait()
+    return running
 
 
 def merge(ranks: list[Measurement]) -> Measurement:
@@ -174,7 +190,7 @@ def merge(ranks: list[Measurement]) -> Measurement:
 
 
 # -- the rank's side (inside harness.worker) --------------------------------------------------------
-def measure_rank(workload, stack: str, device, options, rank: int, port: int) -> Measurement:
+def measure_rank(workload, stack: str, device, options, rank: int, rendezvous: str) -> Measurement:
     """One rank's round: the stack's check() first (every rank decides alike, so a skip joins no group), then
     join the group, measure with this process's collectors, leave."""
     from . import stacks
@@ -184,20 +200,20 @@ def measure_rank(workload, stack: str, device, options, rank: int, port: int) ->
         stacks.load(stack).check(workload, device)
     except Exception:  # noqa: BLE001 - measure() reports the skip (or the failure) as it always does
         return measure(workload, stack, device, options)
-    init_rank(rank, workload.tensor_parallel, port, device)
+    init_rank(rank, workload.tensor_parallel, rendezvous, device)
     latent = bool(workload.model_config().get("kv_lora_rank"))
     return finish_rank(measure(workload, stack, device, options), workload.tensor_parallel, latent)
 
 
-def init_rank(rank: int, world_size: int, port: int, device):
-    """Join the group (gloo on the CPU, NCCL on CUDA) on this rank's device (the worker resolved cuda:rank)."""
+def init_rank(rank: int, world_size: int, rendezvous: str, device):
+    """Join the group (gloo on the CPU, NCCL on CUDA) on this rank's device (the worker resolved cuda:rank),
+    meeting the other ranks in the round's rendezvous file (a FileStore; NCCL exchanges its id through it)."""
     import torch.distributed as dist
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off, as the device docs require
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = LOOPBACK, str(port)
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if device.type == "cuda" else {}
-    dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=f"tcp://{LOOPBACK}:{port}",
+    dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=f"file://{rendezvous}",
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S), **kwargs)
     if os.environ.get(FAULT_ENV) == str(rank):
         os.kill(os.getpid(), 9)  # a rank that dies mid-run (test hook): its peers block in a collective

@@ -29,8 +29,10 @@ def main(argv=None) -> int:
     # tensor-parallel ranks (harness.rank_workers starts one worker per rank)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=1)
-    p.add_argument("--master-port", type=int, default=0)
+    p.add_argument("--rendezvous", default=None, help="the round's rendezvous file, where the ranks meet")
     args = p.parse_args(argv)
+    if args.world_size > 1 and not args.rendezvous:
+        p.error("--world-size above 1 needs --rendezvous FILE")
 
     from . import project, stacks, workload
     from .errors import StackUnavailable, UsageError
@@ -60,7 +62,7 @@ def main(argv=None) -> int:
     if args.world_size > 1:  # one rank of a tensor-parallel item
         from . import rank_workers
 
-        _write(args.out, rank_workers.measure_rank(wl, args.stack, device, options, args.rank, args.master_port))
+        _write(args.out, rank_workers.measure_rank(wl, args.stack, device, options, args.rank, args.rendezvous))
         return 0
     _write(args.out, measure(wl, args.stack, device, options, launched_at=args.launched_at))
     return 0

@@ -75,7 +75,8 @@ def test_tp2_paged_matches_tp1_with_per_rank_numbers_in_the_reports(tmp_path):
         assert rank["metrics"]["kv.bytes.peak"] * 2 == kv1
         assert rank["metrics"]["kv.live_bytes.peak"] * 2 == tp1.metrics["kv.live_bytes.peak"].value
         assert rank["metrics"]["kv.blocks_unreclaimed"] == 0
-        assert rank["metrics"]["cpu.heap_alloc.peak"] > 0
+        # null when the memory round failed: its reason (which rank, why) is the item's metric's
+        assert (rank["metrics"]["cpu.heap_alloc.peak"] or 0) > 0, m.metrics["cpu.heap_alloc.peak"].reason
     assert m.ranks[0]["metrics"]["host.page_faults"] != m.ranks[1]["metrics"]["host.page_faults"] or \
         m.ranks[0]["metrics"]["host.rss.peak"] != m.ranks[1]["metrics"]["host.rss.peak"]  # each rank its own
     for name in ("kv.bytes.peak", "cpu.heap_alloc.peak", "host.rss.peak", "time.wall"):
