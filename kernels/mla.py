@@ -133,7 +133,7 @@ def _mla_prefill(
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """BLOCK_Q new tokens of one sequence times HEAD_BLOCK heads: one latent tile serves all the rows."""
-    q_tile, head_block, seq = prefill_program(True)
+    q_tile, head_block, seq = prefill_program(1)
     q_start, q_len, prefix, tok, in_block = prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, q_tile, seq, BLOCK_Q,
                                                          HEAD_BLOCK)
     if q_tile * BLOCK_Q >= q_len:

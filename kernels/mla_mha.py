@@ -75,21 +75,21 @@ def _attend(m, l, acc, q_nope, q_pe, k_nope_ptr, k_pe_ptr, v_ptr, head, k_start,
     return m, l, acc
 
 
-@triton.jit(do_not_specialize=["window_start", "window_end"])  # one compiled variant for every window
+@triton.jit(do_not_specialize=["window_start", "window_end", "tiles_first"])  # one variant for every window
 def _mha_prefill(
     q_nope_ptr, q_pe_ptr, k_nope_ptr, k_pe_ptr, v_ptr, cu_seqlens_q_ptr, cu_seqlens_k_ptr, out_ptr, lse_ptr, qk_scale,
-    window_start, window_end,
+    window_start, window_end, tiles_first,
     stride_qn_tok, stride_qn_head, stride_qp_tok, stride_qp_head,
     stride_kn_tok, stride_kn_head, stride_kp_tok, stride_v_tok, stride_v_head,
     stride_o_tok, stride_o_head, stride_lse_tok,
     NOPE: tl.constexpr, NOPE_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
     V_DIM: tl.constexpr, V_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WINDOWED: tl.constexpr, TILES_FIRST: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    WINDOWED: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Units: heads (kernels/prefill.py's grid). A sequence's new tokens are the last q_len of its k_len context tokens.
     WINDOWED: the keys and values hold the packed context tokens [window_start, window_end) only, each row attends
     over its sequence's tokens there, and writes its log-sum-exp (log2, -inf where it saw none) beside its output."""
-    q_tile, head, seq = prefill_program(TILES_FIRST)
+    q_tile, head, seq = prefill_program(tiles_first)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     if q_tile * BLOCK_M >= q_len:
@@ -219,13 +219,12 @@ def _launch(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, out, lse, scale, window_
     grid, tiles_first = prefill_grid(max_q_len, cfg["block_m"], heads, num_seqs, cfg["tiles_first"], q_nope.device)
     _mha_prefill[grid](
         q_nope, q_pe, k_nope, k_pe, v, cu_seqlens_q, cu_k, out, out if lse is None else lse, scale * LOG2E,
-        window_start, window_end,
+        window_start, window_end, tiles_first,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
         k_nope.stride(0), k_nope.stride(1), k_pe.stride(0), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), 0 if lse is None else lse.stride(0),
         NOPE=nope, NOPE_PAD=max(16, next_pow2(nope)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
         V_DIM=v_dim, V_PAD=max(16, next_pow2(v_dim)), BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
-        WINDOWED=lse is not None, TILES_FIRST=tiles_first, DOT_PRECISION=dot_precision(q_nope.dtype),
-        UPCAST=upcast_dots(q_nope),
+        WINDOWED=lse is not None, DOT_PRECISION=dot_precision(q_nope.dtype), UPCAST=upcast_dots(q_nope),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

@@ -44,19 +44,24 @@ FEW_WAVES = 16
 
 
 @triton.jit
-def prefill_program(TILES_FIRST: tl.constexpr):
-    """(query tile, unit, sequence) of a grid made by prefill_grid: the last query tile first."""
-    if TILES_FIRST:
-        return tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    return tl.num_programs(2) - 1 - tl.program_id(2), tl.program_id(0), tl.program_id(1)
+def prefill_program(tiles_first):
+    """(query tile, unit, sequence) of a grid made by prefill_grid: the last query tile first. tiles_first is a
+    run-time flag (a kernel's do_not_specialize): one compiled kernel takes either order, so a step whose grid
+    flips it compiles nothing inside a timed run."""
+    last_first = tl.where(tiles_first != 0, tl.num_programs(0) - 1 - tl.program_id(0),
+                          tl.num_programs(2) - 1 - tl.program_id(2))
+    unit = tl.where(tiles_first != 0, tl.program_id(1), tl.program_id(0))
+    seq = tl.where(tiles_first != 0, tl.program_id(2), tl.program_id(1))
+    return last_first, unit, seq
 
 
 def prefill_grid(max_q_len, block_q, units, num_seqs, tiles_first, device):
-    """The grid and its TILES_FIRST (prefill_program): tiles_first True or False, or None to choose by its waves."""
+    """The grid and its order for prefill_program (1: tiles first): tiles_first True or False, or None to choose by
+    the grid's waves."""
     tiles = triton.cdiv(max_q_len, block_q)
     if tiles_first is None:
         tiles_first = tiles * units * num_seqs > FEW_WAVES * sm_count(device)
-    return ((tiles, units, num_seqs) if tiles_first else (units, num_seqs, tiles)), tiles_first
+    return ((tiles, units, num_seqs) if tiles_first else (units, num_seqs, tiles)), int(tiles_first)
 
 
 @triton.jit
@@ -106,10 +111,10 @@ def attend_whole_tiles(q, k_ptr, v_ptr, bt_row, kv_head, end, qk_scale,
     return m, l, acc
 
 
-@triton.jit(do_not_specialize=["stride_bt_seq"])  # (see work_split.RUN_TIME_INTS)
+@triton.jit(do_not_specialize=["stride_bt_seq", "tiles_first"])  # (see work_split.RUN_TIME_INTS)
 def _prefill(
     q_ptr, k_ptr, v_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr,
-    qk_scale,
+    qk_scale, tiles_first,
     stride_q_tok, stride_q_head,
     stride_k_block, stride_k_tok, stride_k_head,
     stride_v_block, stride_v_tok, stride_v_head,
@@ -118,10 +123,10 @@ def _prefill(
     GROUP: tl.constexpr, HEADS_PER_TOKEN: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_CAUSAL: tl.constexpr,
-    TILES_FIRST: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Units: KV heads (HEADS_PER_TOKEN rows a token: the group, padded) or query heads (1 row a token)."""
-    q_tile, unit, seq = prefill_program(TILES_FIRST)
+    q_tile, unit, seq = prefill_program(tiles_first)
     if HEADS_PER_TOKEN == 1:
         kv_head = unit // GROUP
         first_head = unit
@@ -180,7 +185,7 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
                                      num_seqs, cfg["tiles_first"], q.device)
     _prefill[grid](
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out,
-        scale * LOG2E,
+        scale * LOG2E, tiles_first,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -189,7 +194,7 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
         GROUP=group, HEADS_PER_TOKEN=heads_per_token,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_N=cfg["block_n"], SPLIT_CAUSAL=cfg["split_causal"],
-        TILES_FIRST=tiles_first, DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(q),
+        DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(q),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") and q.device.type == "cuda" else {}),
     )
