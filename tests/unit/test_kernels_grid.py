@@ -72,7 +72,8 @@ def test_the_full_grid_fits_one_device_call():
 def test_config_sweep_table_ranks_by_the_worst_cell_and_a_wrong_output_last(monkeypatch):
     lines = []
     monkeypatch.setattr(kg, "log", lambda *parts: lines.append(" ".join(str(p) for p in parts)))
-    base = {"rows": 64, "num_warps": 4, "num_stages": 2, "split_causal": False, "one_head_per_program": False}
+    base = {**kg.prefill.CONFIG, "rows": 64, "num_warps": 4, "num_stages": 2, "split_causal": False,
+            "one_head_per_program": False}  # every field of the default, as a sweep's configs have
     fast_wrong = {**base, "block_n": 128, "x_floor": 1.1, "rel_err_vs_default": 0.5}  # fastest, but not the answer
     steady = {**base, "block_n": 64, "x_floor": 1.6, "rel_err_vs_default": 0.0}
     uneven = {**base, "block_n": 32}  # best on one cell, worst on the other
