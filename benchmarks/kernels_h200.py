@@ -477,7 +477,7 @@ def sweep_of(c, g):
     swept_mla_batches (each batch size compiles its own variants: two keep the cost down), and one long sequence (64K
     at 16 heads, 128K above)."""
     if c.family in PREFILLS:
-        return {PREFILL: "prefill", MLA_PREFILL: "mla-prefill", MLA_MHA_PREFILL: "mla-mha-prefill"}[c.family]
+        return next(key for key, family in FAMILY_KEYS.items() if family == c.family)  # a prefill's sweep: its key
     if c.family == DECODE:
         return "decode" if c.name in g["swept_decode_cells"] else None
     if c.family != MLA_DECODE:
@@ -1094,6 +1094,8 @@ def main():
         args.config_sweep = list(SWEEPS)
     if args.config_sweep and not args.grid:
         parser.error("--config-sweep times configs on the grid's cells: run it with --grid")
+    if args.families and not args.grid:
+        parser.error("--families picks the grid's cells: run it with --grid")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
     if args.dry_run:

@@ -21,10 +21,10 @@ def softmax_update(s, qk_scale, toks, end, q_pos, m, l, MASK_END: tl.constexpr, 
     """One tile of the online softmax: raw scores s [rows, tile] of tokens `toks`, times qk_scale in log2 units;
     with MASK_END those >= end masked out (a tile that may run past the end) and, with CAUSAL, those past each row's
     q_pos -> (new max, new sum, p, alpha). The caller rescales its accumulator by alpha and adds p @ V. The max is
-    taken before scaling (the same, as qk_scale > 0), so scale and subtraction are one FMA an element: prefill is
-    bound by this arithmetic as much as by its products. Every row sees token 0 in the first tile, so the max is
-    finite after; EMPTY_ROWS where a row may have seen no token yet (a window of the context that starts past it):
-    its max stays -inf, its sum and weights 0."""
+    taken before scaling (the same, as qk_scale > 0), so scale and subtraction are one FMA an element: on Hopper
+    Triton runs a prefill tile's softmax after its products, not beside them, so its arithmetic adds to the time.
+    Every row sees token 0 in the first tile, so the max is finite after; EMPTY_ROWS where a row may have seen no
+    token yet (a window of the context that starts past it): its max stays -inf, its sum and weights 0."""
     if MASK_END:
         s = tl.where((toks < end)[None, :], s, float("-inf"))
     if CAUSAL:
