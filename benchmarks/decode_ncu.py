@@ -28,6 +28,10 @@ CASES = {  # name: (cell, config name or None)
     "mla128-b256x4K": (Cell(MLA_DECODE, 256, 4096, 1, 128, 1, 512, 64), None),
     "mla128-b256x4K-32-head-blocks": (Cell(MLA_DECODE, 256, 4096, 1, 128, 1, 512, 64), "mla-32-head-blocks"),
     "gqa28-b32x1K": (Cell(DECODE, 32, 1024, 1, 28, 4, 128), None),
+    # 128 heads at small batches: well over the per-tile time of b256 x 4K (kernels_h200_2026-12-02_*_grid-3)
+    "mla128-b1x4K": (Cell(MLA_DECODE, 1, 4096, 1, 128, 1, 512, 64), None),
+    "mla128-b8x1K": (Cell(MLA_DECODE, 8, 1024, 1, 128, 1, 512, 64), None),
+    "mla128-b32x1K": (Cell(MLA_DECODE, 32, 1024, 1, 128, 1, 512, 64), None),
 }
 
 

@@ -33,7 +33,7 @@ replays, 10 s of fp32 checks), so the grid is not trimmed; the budget's default 
 --config-sweep [SWEEP ...] also times kernel configs (SWEEPS, every one unless named) on some grid cells, each
 variant checked against the default's output, and prints a table per sweep, best worst case first: dense prefill's
 (32), MLA prefill's absorbed (8) and decompressed (24) on their prefill cells, MLA decode's (8 at 16 heads, 6 at 128)
-at 4K for 32 and 256 sequences and on one long sequence (64K at 16 heads, 128K at 128), dense decode's (8) on six
+at 1K and 4K for 32 and 256 sequences and on one long sequence (64K at 16 heads, 128K at 128), dense decode's (8) on six
 cells (swept_decode_cells). Estimated at about 5 more minutes for all (~150 compiles at ~2 s, ~60 s of
 replays).
 """
@@ -380,11 +380,11 @@ GRID = {
     "mla_heads": (16, 128), "rank": 512, "rope": 64,  # DeepSeek-V2-Lite; V2/V3
     "dense": ((28, 4), (32, 8), (32, 32)), "head_dim": 128,  # R1-Distill-Qwen-7B's GQA 28/4 first
     "long_mla": 65536,  # issue 14's "MLA, one sequence of 64K" row
-    "swept_mla_batches": (32, 256),  # --config-sweep's MLA decode cells (128 heads, 4K)
+    "swept_mla_batches": (32, 256),  # --config-sweep's MLA decode cells (1K and 4K)
     # --config-sweep's dense decode cells: over 1.10x of the floor in grid-7, floors of 15-500 us, 4 batch sizes
     "swept_decode_cells": ("GQA 28/4 b32 x 1K", "GQA 28/4 b8 x 4K", "GQA 28/4 b1 x 32K", "GQA 28/4 b256 x 4K",
                            "GQA 28/4 b128 x 1K", "GQA 32/8 b1 x 128K"),
-    "profiled_batch": 8,  # decode cells up to this batch also get each kernel's time (torch.profiler)
+    "profiled_batch": 32,  # decode cells up to this batch also get each kernel's time (torch.profiler)
     "prompts": (2048, 8192, 32768), "many": (8, 2048), "chunk": (2048, 30720),  # chunk: (new, cached prefix)
     "mla_prefill": (16, 4096, 192, 128),  # heads, prompt, the q/k and v widths of its FLOP floor (V2-Lite)
     # heads, prompt (widths as mla_prefill's); 128 heads x 32K decompresses 2 GiB: windows of 16,101 tokens, three
@@ -463,19 +463,21 @@ SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the c
         for block_n, warps, stages, maxnreg in ((64, 4, 2, None), (64, 4, 3, None), (64, 4, 3, 128),
                                                 (64, 4, 2, 128), (32, 4, 2, None), (32, 4, 4, 128), (64, 4, 4, None),
                                                 (128, 4, 2, None))]),
-    # head block, key tile, warps, stages: the default; no spills in the loop (ptxas, sm_90): 32-head blocks on
-    # mma.sync, 64-head blocks on two warpgroups' wgmma (1.27 against the default's 1.69 ms at b256 x 4K under ncu)
+    # head block, key tile, warps, stages, min_tiles: the default; no spills in the loop (ptxas, sm_90): 32-head blocks
+    # on mma.sync, 64-head blocks on two warpgroups' wgmma (1.27 against the default's 1.69 ms at b256 x 4K under
+    # ncu); longer ranges (a 64-head block's partial, 128 KiB, outweighs the 72 KiB latent tile)
     "mla-decode-128": ("MLA decode, 128 heads", mla.MANY_HEADS_CONFIG, [
-        {**mla.MANY_HEADS_CONFIG, "head_block": hb, "block_n": block_n, "num_warps": warps, "num_stages": stages}
-        for hb, block_n, warps, stages in ((32, 64, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2), (64, 64, 8, 2),
-                                           (64, 32, 8, 2), (64, 32, 8, 3))]),
+        {**mla.MANY_HEADS_CONFIG, "head_block": hb, "block_n": block_n, "num_warps": warps, "num_stages": stages,
+         "min_tiles": min_tiles}
+        for hb, block_n, warps, stages, min_tiles in ((64, 64, 8, 2, 2), (64, 64, 8, 2, 4), (64, 64, 8, 2, 8),
+                                                      (32, 64, 4, 2, 2), (64, 32, 8, 2, 2), (64, 32, 8, 2, 4))]),
 }
 
 
 def sweep_of(c, g):
-    """The key of the sweep that covers cell c, or None: every prefill cell; MLA decode at 4K for the batches in
-    swept_mla_batches (each batch size compiles its own variants: two keep the cost down), and one long sequence (64K
-    at 16 heads, 128K above)."""
+    """The key of the sweep that covers cell c, or None: every prefill cell; MLA decode at 1K and 4K for the batches
+    in swept_mla_batches (each batch size compiles its own variants: two keep the cost down; the contexts share
+    them), and one long sequence (64K at 16 heads, 128K above)."""
     if c.family in PREFILLS:
         return next(key for key, family in FAMILY_KEYS.items() if family == c.family)  # a prefill's sweep: its key
     if c.family == DECODE:
@@ -484,7 +486,7 @@ def sweep_of(c, g):
         return None
     many = c.q_heads > 16
     one_long = c.batch == 1 and c.context == (g["contexts"][-1] if many else g["long_mla"])
-    if c.context == g["contexts"][1] and c.batch in g["swept_mla_batches"] or one_long:
+    if c.context in g["contexts"][:2] and c.batch in g["swept_mla_batches"] or one_long:
         return "mla-decode-128" if many else "mla-decode-16"
     return None
 

@@ -13,7 +13,8 @@ Programs side by side take the same range of different units, so they read the s
 same time (all heads of a token row).
 A range crosses whole sequences and cuts at most two: its first and its last. A whole sequence's
 output is written directly; a cut one leaves a partial (output and log-sum-exp) in the program's
-slot 0 (its first sequence) or 1 (its last), which combine_cut_units merges.
+slot 0 (its first sequence) or 1 (its last, where that is not also its first: a range inside one
+sequence writes its partial once), which combine_cut_units merges.
 Every program sums seq_lens itself: no host sync.
 """
 import triton
@@ -28,17 +29,20 @@ from .dispatch import next_pow2, sm_count
 RUN_TIME_INTS = ["num_seqs", "num_programs", "stride_bt_seq"]
 COMBINE_DIM_BLOCK = 64  # output columns per combine program: more programs, a small [J, rows, 64] tile
 COMBINE_J_BLOCK = 8  # partials merged per step, up to COMBINE_MAX_ROWS of the unit's rows at once
-# A few sequences cut into hundreds of ranges (one long sequence) leave a grid of (sequence, unit, column block) too
-# few programs to merge them: on the H200 one 64K MLA sequence's 396 partials took 8 programs ~190 us. Below this
-# many programs per multiprocessor the combine takes ROW_BLOCK rows and DIM_SPLIT columns per program instead, J_SPLIT
-# partials a step: 8.6 us for that sequence (kernels_h200_*_grid-5; 64 columns and 32 partials: 16.5 us, grid-4).
-# One per multiprocessor, not 4: at 4, 32 sequences x 4 KV heads took the split too, where most sequences are whole
-# and the added programs only exit (GQA 28/4 b32 x 1K 32.9 -> 36.2 us, grid-5).
-COMBINE_PROGRAMS_PER_SM = 1
-COMBINE_ROW_BLOCK, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 64
 # Rows of a unit one combine program merges at most: MLA's 32- and 64-head blocks would hold a [J_BLOCK, rows, 64]
 # float32 tile of 128-256 registers a thread (ptxas: the 64-row combine spills), so their rows go to more programs.
 COMBINE_MAX_ROWS = 16
+COMBINE_MAX_TILE = COMBINE_J_BLOCK * COMBINE_MAX_ROWS * COMBINE_DIM_BLOCK  # [J, rows, columns] a program holds
+# A few sequences cut into hundreds of ranges (one long sequence) leave a grid of (sequence, unit, row block, column
+# block) too few programs to merge them: on the H200 one 64K MLA sequence's 396 partials took 8 programs ~190 us.
+# Below this many programs per multiprocessor the rows, then the columns, go to more programs, down to ROW_SPLIT rows
+# and DIM_SPLIT columns: 8.6 us for that sequence (kernels_h200_*_grid-5; 64 columns and 32 partials: 16.5 us,
+# grid-4). Halving step by step, not straight to the least: 128 MLA heads x 8 sequences went straight from 512
+# programs to 8192 (a 30 us combine, kernels_h200_2026-12-02_*_grid-3). One per multiprocessor, not 4: at 4, 32
+# sequences x 4 KV heads took the split too, where most sequences are whole and the added programs only exit
+# (GQA 28/4 b32 x 1K 32.9 -> 36.2 us, grid-5).
+COMBINE_PROGRAMS_PER_SM = 1
+COMBINE_ROW_SPLIT, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 64
 
 
 @triton.jit
@@ -57,12 +61,15 @@ def line_ranges(num_programs, UNITS: tl.constexpr, total, MIN_TILES: tl.constexp
 
 
 @triton.jit
+def program_start(j, ranges, total):
+    """The first tile of range j <= R (R: the line's end)."""
+    return (j.to(tl.int64) * total // ranges).to(tl.int32)
+
+
+@triton.jit
 def program_range(j, ranges, total):
     """Range j of R on a line of T tiles: [j*T//R, (j+1)*T//R); empty for j >= R."""
-    j = tl.cast(tl.minimum(j, ranges), tl.int64)
-    first = (j * total // ranges).to(tl.int32)
-    last = (tl.minimum(j + 1, ranges) * total // ranges).to(tl.int32)
-    return first, last
+    return program_start(tl.minimum(j, ranges), ranges, total), program_start(tl.minimum(j + 1, ranges), ranges, total)
 
 
 @triton.jit
@@ -86,18 +93,16 @@ def store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, hea
                        part_out_ptr, part_lse_ptr, pid, whole, x, first, seg_end, last,
                        ROWS: tl.constexpr, WIDTH: tl.constexpr):
     """A sequence's attention over this range: its output if the range holds all of it, else a
-    partial (output and log-sum-exp) in slot 0 if it is the range's first sequence, 1 if its last."""
+    partial (output and log-sum-exp) in slot 0 if it is the range's first sequence, else in slot 1 (its last).
+    Once, not in both slots, where the range lies inside the sequence: at 128 MLA heads a partial is 128 KiB, more
+    than the 72 KiB latent tile it summarises."""
     if whole:
         o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
         tl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        part = acc / l[:, None]
-        lse = m + tl.log2(l)
-        for slot in tl.static_range(2):
-            if ((slot == 0) & (x == first)) | ((slot == 1) & (seg_end == last)):
-                at = (pid * 2 + slot) * ROWS + rows
-                tl.store(part_out_ptr + at[:, None] * WIDTH + dims[None, :], part, mask=out_mask)
-                tl.store(part_lse_ptr + at, lse, mask=row_mask)
+        at = (pid * 2 + (x != first).to(tl.int32)) * ROWS + rows
+        tl.store(part_out_ptr + at[:, None] * WIDTH + dims[None, :], acc / l[:, None], mask=out_mask)
+        tl.store(part_lse_ptr + at, m + tl.log2(l), mask=row_mask)
 
 
 @triton.jit(do_not_specialize=RUN_TIME_INTS[:2])
@@ -136,7 +141,8 @@ def combine_cut_units(
             acc = tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32)
             for j0 in range(j_first, j_last + 1, J_BLOCK):
                 js = j0 + tl.arange(0, J_BLOCK)
-                slot = (js == j_first).to(tl.int32)  # the first program holds the sequence's start in slot 1
+                # slot 1 where the range began before the sequence (only its first program can), else slot 0
+                slot = (program_start(js, ranges, total) < seq_end - n).to(tl.int32)
                 at = ((js * UNITS + unit) * 2 + slot)[:, None] * ROWS + rows[None, :]  # [J, rows]
                 held = (js <= j_last)[:, None] & row_mask[None, :]
                 lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
@@ -155,15 +161,27 @@ def combine_cut_units(
 
 def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
                    seqs_pad, min_tiles=1):
-    """Launch combine_cut_units over every (sequence, unit, column block), the unit's rows split over programs
-    where that grid would leave the GPU mostly idle (few sequences)."""
-    dim_block = min(COMBINE_DIM_BLOCK, max(16, next_pow2(head_dim)))
+    """Launch combine_cut_units over every (sequence, unit, row block, column block), in smaller blocks where that
+    grid would leave the GPU mostly idle (few sequences), merging more partials a step where a sequence has many."""
     num_seqs = seq_lens.shape[0]
     row_block = min(max(2, next_pow2(rows)), COMBINE_MAX_ROWS)  # ROW_BLOCK 1 would be a different tl.arange
+    dim_block = min(COMBINE_DIM_BLOCK, max(16, next_pow2(head_dim)))
+
+    def programs():
+        return num_seqs * units * triton.cdiv(rows, row_block) * triton.cdiv(head_dim, dim_block)
+
     j_block = COMBINE_J_BLOCK
-    if num_seqs * units * triton.cdiv(head_dim, dim_block) < COMBINE_PROGRAMS_PER_SM * sm_count(out.device):
-        row_block, j_block = min(row_block, COMBINE_ROW_BLOCK), COMBINE_J_SPLIT
-        dim_block = min(dim_block, COMBINE_DIM_SPLIT)
+    while programs() < COMBINE_PROGRAMS_PER_SM * sm_count(out.device):
+        # few sequences: each cut into many ranges, so more partials a step too (a constexpr that only moves with the
+        # blocks, not with the batch: few variants to compile)
+        j_block = COMBINE_J_SPLIT
+        if row_block > COMBINE_ROW_SPLIT:
+            row_block //= 2
+        elif dim_block > COMBINE_DIM_SPLIT:
+            dim_block //= 2
+        else:
+            break
+    j_block = min(j_block, COMBINE_MAX_TILE // (row_block * dim_block))
     combine_cut_units[(num_seqs, units * triton.cdiv(rows, row_block), triton.cdiv(head_dim, dim_block))](
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
