@@ -10,8 +10,10 @@ merges the sequences that a range boundary cut.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
-from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
+from .dispatch import (dot_precision, fix_triton_interpreter, next_pow2, overlapped_launch, resident_programs,
+                       upcast_dots)
 from .dot import dot, softmax_update
 from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
                          tile_line)
@@ -82,9 +84,12 @@ def _decode(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, OVERLAPPED: tl.constexpr,
 ):
-    """Range j of KV head `kv_head`'s tile line (kernels/work_split.py)."""
+    """Range j of KV head `kv_head`'s tile line (kernels/work_split.py). OVERLAPPED: the combine may
+    launch now, to wait in its programs for this grid's end."""
+    if OVERLAPPED:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     kv_head = pid % NUM_KV_HEADS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
@@ -130,7 +135,8 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
     consts = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
                   HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
                   BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
-                  MIN_TILES=cfg["min_tiles"], DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(k_cache),
+                  MIN_TILES=cfg["min_tiles"], OVERLAPPED=overlapped_launch(q.device),
+                  DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(k_cache),
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if on_gpu and cfg.get("maxnreg"):  # cap registers to fit more programs per multiprocessor
         consts["maxnreg"] = cfg["maxnreg"]

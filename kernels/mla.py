@@ -13,8 +13,10 @@ the latent is read once per tile of rows, never gathered or decompressed into pe
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
-from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
+from .dispatch import (dot_precision, fix_triton_interpreter, next_pow2, overlapped_launch, resident_programs,
+                       upcast_dots)
 from .dot import dot, softmax_update
 from .prefill import prefill_grid, prefill_program, prefill_rows
 from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
@@ -85,9 +87,12 @@ def _mla_decode(
     NUM_HEADS: tl.constexpr, HEAD_BLOCK: tl.constexpr, NUM_HEAD_BLOCKS: tl.constexpr,
     RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, OVERLAPPED: tl.constexpr,
 ):
-    """Range j of head block `head_block`'s tile line (kernels/work_split.py)."""
+    """Range j of head block `head_block`'s tile line (kernels/work_split.py). OVERLAPPED: the combine may
+    launch now, to wait in its programs for this grid's end."""
+    if OVERLAPPED:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     head_block = pid % NUM_HEAD_BLOCKS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
@@ -220,7 +225,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     consts = dict(NUM_HEADS=num_heads, HEAD_BLOCK=head_block, NUM_HEAD_BLOCKS=num_head_blocks,
                   RANK=rank, RANK_PAD=max(16, next_pow2(rank)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
                   BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
-                  MIN_TILES=cfg["min_tiles"],
+                  MIN_TILES=cfg["min_tiles"], OVERLAPPED=overlapped_launch(q_latent.device),
                   DOT_PRECISION=dot_precision(q_latent.dtype), UPCAST=upcast_dots(latent_cache),
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if on_gpu and cfg.get("maxnreg"):

@@ -19,8 +19,9 @@ Every program sums seq_lens itself: no host sync.
 """
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
-from .dispatch import next_pow2, sm_count
+from .dispatch import next_pow2, overlapped_launch, sm_count
 
 # Integer arguments that change from step to step (how many sequences, the grid, an eager step's block-table width):
 # Triton would compile a variant for each value equal to 1 or divisible by 16 it meets, inside the timed run where the
@@ -28,11 +29,12 @@ from .dispatch import next_pow2, sm_count
 # benchmarks/results/triton_compiles_2026-12-01_nvidia-h200_cold-cache.jsonl). Not specialized: one variant each.
 RUN_TIME_INTS = ["num_seqs", "num_programs", "stride_bt_seq"]
 COMBINE_DIM_BLOCK = 64  # output columns per combine program: more programs, a small [J, rows, 64] tile
-COMBINE_J_BLOCK = 8  # partials merged per step, up to COMBINE_MAX_ROWS of the unit's rows at once
 # Rows of a unit one combine program merges at most: MLA's 32- and 64-head blocks would hold a [J_BLOCK, rows, 64]
 # float32 tile of 128-256 registers a thread (ptxas: the 64-row combine spills), so their rows go to more programs.
 COMBINE_MAX_ROWS = 16
-COMBINE_MAX_TILE = COMBINE_J_BLOCK * COMBINE_MAX_ROWS * COMBINE_DIM_BLOCK  # [J, rows, columns] a program holds
+# [J, rows, columns] a program holds at most: 32 float32 a thread, ~128 registers. At 8192 (8 x 16 x 64), 248 registers
+# and 2 programs a multiprocessor: 128 MLA heads x 32 sequences merged in 52 us (kernels_h200_2026-12-02_*_grid-5).
+COMBINE_MAX_TILE = 4096
 # A few sequences cut into hundreds of ranges (one long sequence) leave a grid of (sequence, unit, row block, column
 # block) too few programs to merge them: on the H200 one 64K MLA sequence's 396 partials took 8 programs ~190 us.
 # Below this many programs per multiprocessor the rows, then the columns, go to more programs, down to ROW_SPLIT rows
@@ -111,12 +113,15 @@ def combine_cut_units(
     stride_o_seq, stride_o_head,
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
-    J_BLOCK: tl.constexpr, MIN_TILES: tl.constexpr,
+    J_BLOCK: tl.constexpr, MIN_TILES: tl.constexpr, OVERLAPPED: tl.constexpr,
 ):
     """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
     unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
     programs' partials per step, into the output of ROW_BLOCK of the unit's ROWS heads. Whole ones were
-    written already; empty sequences get zeros here."""
+    written already; empty sequences get zeros here. OVERLAPPED: launched before the attention kernel ended; every
+    program waits for it, so this grid never ends first (what follows reads the output of both)."""
+    if OVERLAPPED:
+        gdc_wait()
     seq = tl.program_id(0)
     row_blocks = tl.cdiv(ROWS, ROW_BLOCK)
     unit = tl.program_id(1) // row_blocks
@@ -136,13 +141,14 @@ def combine_cut_units(
         j_first = program_of(seq_end - n, ranges, total)
         j_last = program_of(seq_end - 1, ranges, total)
         if j_first != j_last:
+            # the first program holds it in slot 1 where its range began before the sequence, else in slot 0
+            first_slot = (program_start(j_first, ranges, total) < seq_end - n).to(tl.int32)
             m = tl.full([ROW_BLOCK], float("-inf"), tl.float32)
             w = tl.zeros([ROW_BLOCK], tl.float32)
             acc = tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32)
             for j0 in range(j_first, j_last + 1, J_BLOCK):
                 js = j0 + tl.arange(0, J_BLOCK)
-                # slot 1 where the range began before the sequence (only its first program can), else slot 0
-                slot = (program_start(js, ranges, total) < seq_end - n).to(tl.int32)
+                slot = tl.where(js == j_first, first_slot, 0)
                 at = ((js * UNITS + unit) * 2 + slot)[:, None] * ROWS + rows[None, :]  # [J, rows]
                 held = (js <= j_last)[:, None] & row_mask[None, :]
                 lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
@@ -170,22 +176,22 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
     def programs():
         return num_seqs * units * triton.cdiv(rows, row_block) * triton.cdiv(head_dim, dim_block)
 
-    j_block = COMBINE_J_BLOCK
     while programs() < COMBINE_PROGRAMS_PER_SM * sm_count(out.device):
-        # few sequences: each cut into many ranges, so more partials a step too (a constexpr that only moves with the
-        # blocks, not with the batch: few variants to compile)
-        j_block = COMBINE_J_SPLIT
         if row_block > COMBINE_ROW_SPLIT:
             row_block //= 2
         elif dim_block > COMBINE_DIM_SPLIT:
             dim_block //= 2
         else:
             break
-    j_block = min(j_block, COMBINE_MAX_TILE // (row_block * dim_block))
+    # partials a step: about as many as a sequence has, were the lengths equal (its share of the unit's ranges, + 1
+    # for the cuts), so few are masked; a power of two from 2 to J_SPLIT, 6 variants to compile at most
+    share = num_programs // (units * num_seqs) + 1
+    j_block = min(max(2, next_pow2(share)), COMBINE_J_SPLIT, max(1, COMBINE_MAX_TILE // (row_block * dim_block)))
+    overlapped = overlapped_launch(out.device)
     combine_cut_units[(num_seqs, units * triton.cdiv(rows, row_block), triton.cdiv(head_dim, dim_block))](
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
         HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
-        MIN_TILES=min_tiles,
-        num_warps=4,
+        MIN_TILES=min_tiles, OVERLAPPED=overlapped,
+        num_warps=4, **({"launch_pdl": True} if overlapped else {}),
     )
