@@ -87,7 +87,9 @@ def _decode(
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, OVERLAPPED: tl.constexpr,
 ):
     """Range j of KV head `kv_head`'s tile line (kernels/work_split.py). OVERLAPPED: the combine may
-    launch once every program has stored its results, and waits in its programs for this grid's end."""
+    launch now, to wait in its programs for this grid's end."""
+    if OVERLAPPED:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     kv_head = pid % NUM_KV_HEADS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
@@ -114,8 +116,6 @@ def _decode(
                            rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first, seg_end,
                            last, GROUP, HEAD_DIM)
         x = seg_end
-    if OVERLAPPED:  # at the end: the combine's programs wait out this grid beside it, not its whole run
-        gdc_launch_dependents()
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None, config=None, num_programs=None):

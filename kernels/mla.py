@@ -90,7 +90,9 @@ def _mla_decode(
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, OVERLAPPED: tl.constexpr,
 ):
     """Range j of head block `head_block`'s tile line (kernels/work_split.py). OVERLAPPED: the combine may
-    launch once every program has stored its results, and waits in its programs for this grid's end."""
+    launch now, to wait in its programs for this grid's end."""
+    if OVERLAPPED:
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     head_block = pid % NUM_HEAD_BLOCKS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
@@ -120,8 +122,6 @@ def _mla_decode(
                            head_mask, rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first,
                            seg_end, last, HEAD_BLOCK, RANK)
         x = seg_end
-    if OVERLAPPED:  # at the end: the combine's programs wait out this grid beside it, not its whole run
-        gdc_launch_dependents()
 
 
 
