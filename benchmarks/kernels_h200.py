@@ -36,9 +36,6 @@ variant checked against the default's output, and prints a table per sweep, best
 at 1K and 4K for 32 and 256 sequences and on one long sequence (64K at 16 heads, 128K at 128), dense decode's (8) on six
 cells (swept_decode_cells). Estimated at about 5 more minutes for all (~150 compiles at ~2 s, ~60 s of
 replays).
-
---serial-launches times decode as before programmatic dependent launch (its combine launched after decode ends, not
-while it ends), for what the overlap saves.
 """
 import argparse
 import datetime
@@ -56,7 +53,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import kernels  # noqa: E402
-from kernels import decode, dispatch, mla, mla_mha, prefill, reference, work_split  # noqa: E402
+from kernels import decode, dispatch, mla, mla_mha, prefill, reference  # noqa: E402
 
 DEVICE = "cuda"
 BLOCK = 16
@@ -1090,8 +1087,6 @@ def main():
                              f"({', '.join(SWEEPS)}), every one if none is")
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILY_KEYS), metavar="FAMILY",
                         help=f"--grid runs only these kernel families ({', '.join(FAMILY_KEYS)})")
-    parser.add_argument("--serial-launches", action="store_true",
-                        help="decode's combine launched after decode ends, not overlapped (what that saves)")
     parser.add_argument("--max-seconds", type=float, default=480,
                         help="--grid starts no cell past this many seconds from the start (default 480)")
     args = parser.parse_args()
@@ -1104,9 +1099,6 @@ def main():
     if args.families and not args.grid:
         parser.error("--families picks the grid's cells: run it with --grid")
     os.makedirs(args.out, exist_ok=True)
-    if args.serial_launches:
-        for module in (decode, mla, work_split):
-            module.overlapped_launch = lambda device: False
     t0 = time.time()
     if args.dry_run:
         dry_run_shapes()
@@ -1115,7 +1107,6 @@ def main():
         props = torch.cuda.get_device_properties(0)
         name, sms = props.name, props.multi_processor_count
     env = {"date": datetime.date.today().isoformat(), "device": name, "sms": sms,
-           "serial_launches": args.serial_launches,
            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
            "defaults": {"decode": decode.DEFAULT_CONFIG, "mla": mla.DEFAULT_CONFIG,
                         "mla_mid_heads": mla.MID_HEADS_CONFIG, "mla_many_heads": mla.MANY_HEADS_CONFIG,

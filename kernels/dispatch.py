@@ -27,20 +27,6 @@ def sm_count(device) -> int:
     return _sm_count(device.index or 0) if device.type == "cuda" else 4
 
 
-@functools.lru_cache(maxsize=None)
-def _hopper_or_newer(index: int) -> bool:
-    import torch
-
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
-def overlapped_launch(device) -> bool:
-    """Whether a kernel may start while the one before it ends (programmatic dependent launch: sm_90 and newer, not
-    the interpreter). The second waits in-kernel (gdc_wait) for the first's writes, and its launch's latency is
-    hidden behind the first's last programs instead of following them."""
-    return device.type == "cuda" and _hopper_or_newer(device.index or 0)
-
-
 def dot_precision(dtype) -> str:
     """fp32 inputs get exact fp32 dots (Triton's default would be tf32); fp16/bf16 ignore it."""
     import torch

@@ -13,10 +13,8 @@ the latent is read once per tile of rows, never gathered or decompressed into pe
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
-from .dispatch import (dot_precision, fix_triton_interpreter, next_pow2, overlapped_launch, resident_programs,
-                       upcast_dots)
+from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot, softmax_update
 from .prefill import prefill_grid, prefill_program, prefill_rows
 from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
@@ -49,30 +47,58 @@ CPU_PREFILL_TILES = {"rows": 16, "block_n": 16}  # the interpreter runs small ti
 
 
 @triton.jit
+def _mla_tile(q_lat, q_pe, cache_ptr, bt_row, t0, end, qk_scale, stride_c_block, stride_c_tok, q_pos, m, l, acc,
+              RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
+              BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASK_END: tl.constexpr, CAUSAL: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The online softmax carried over the BLOCK_N latent tokens from t0. MASK_END: the tile may run past `end`
+    (loads and scores masked); without it nothing is masked but the pads of RANK and ROPE and, CAUSAL, each row's
+    future (a sequence's whole tiles: in the SASS of 128-head decode, 1458 -> 1226 instructions a tile)."""
+    rank_dims = tl.arange(0, RANK_PAD)
+    rope_dims = tl.arange(0, ROPE_PAD)
+    toks = t0 + tl.arange(0, BLOCK_N)
+    if MASK_END:
+        tok_mask = toks < end
+        blocks = tl.load(bt_row + toks // BLOCK_SIZE, mask=tok_mask, other=0).to(tl.int64)
+    else:
+        tok_mask = toks >= 0  # all true, folded away
+        blocks = tl.load(bt_row + toks // BLOCK_SIZE).to(tl.int64)
+    rows = cache_ptr + blocks * stride_c_block + (toks % BLOCK_SIZE) * stride_c_tok
+    if MASK_END or RANK != RANK_PAD:
+        kv_c = tl.load(rows[:, None] + rank_dims[None, :], mask=tok_mask[:, None] & (rank_dims < RANK)[None, :],
+                       other=0.0)
+    else:
+        kv_c = tl.load(rows[:, None] + rank_dims[None, :])
+    if MASK_END or ROPE != ROPE_PAD:
+        k_pe = tl.load(rows[:, None] + RANK + rope_dims[None, :], mask=tok_mask[:, None] & (rope_dims < ROPE)[None, :],
+                       other=0.0)
+    else:
+        k_pe = tl.load(rows[:, None] + RANK + rope_dims[None, :])
+    s = dot(q_lat, tl.trans(kv_c), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
+    m, l, p, alpha = softmax_update(s, qk_scale, toks, end, q_pos, m, l, MASK_END, CAUSAL)
+    return m, l, acc * alpha[:, None] + dot(p.to(kv_c.dtype), kv_c, DOT_PRECISION, UPCAST)
+
+
+@triton.jit
 def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_block, stride_c_tok, q_pos,
                 ROWS: tl.constexpr, RANK: tl.constexpr, RANK_PAD: tl.constexpr,
                 ROPE: tl.constexpr, ROPE_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Online softmax of ROWS query rows over latent tokens [start, end): (max, sum, unnormalized out).
-    CAUSAL: row r sees tokens up to q_pos[r] only (prefill); decode passes q_pos unused."""
-    rank_dims = tl.arange(0, RANK_PAD)
-    rank_mask = rank_dims < RANK
-    rope_dims = tl.arange(0, ROPE_PAD)
-    rope_mask = rope_dims < ROPE
+    """Online softmax of ROWS query rows over latent tokens [start, end): (max, sum, unnormalized out). The tiles
+    wholly before `end` unmasked, then the one that runs past it, if any. CAUSAL: row r sees tokens up to q_pos[r]
+    only (prefill); decode passes q_pos unused."""
     m = tl.full([ROWS], float("-inf"), tl.float32)
     l = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, RANK_PAD], tl.float32)
-    for t0 in range(start, end, BLOCK_N):
-        toks = t0 + tl.arange(0, BLOCK_N)
-        tok_mask = toks < end
-        blocks = tl.load(bt_row + toks // BLOCK_SIZE, mask=tok_mask, other=0).to(tl.int64)
-        rows = cache_ptr + blocks * stride_c_block + (toks % BLOCK_SIZE) * stride_c_tok
-        kv_c = tl.load(rows[:, None] + rank_dims[None, :], mask=tok_mask[:, None] & rank_mask[None, :], other=0.0)
-        k_pe = tl.load(rows[:, None] + RANK + rope_dims[None, :], mask=tok_mask[:, None] & rope_mask[None, :],
-                       other=0.0)
-        s = dot(q_lat, tl.trans(kv_c), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
-        m, l, p, alpha = softmax_update(s, qk_scale, toks, end, q_pos, m, l, True, CAUSAL)
-        acc = acc * alpha[:, None] + dot(p.to(kv_c.dtype), kv_c, DOT_PRECISION, UPCAST)
+    whole_end = start + (end - start) // BLOCK_N * BLOCK_N
+    for t0 in range(start, whole_end, BLOCK_N):
+        m, l, acc = _mla_tile(q_lat, q_pe, cache_ptr, bt_row, t0, end, qk_scale, stride_c_block, stride_c_tok, q_pos,
+                              m, l, acc, RANK, RANK_PAD, ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, False, CAUSAL,
+                              DOT_PRECISION, UPCAST)
+    for t0 in range(whole_end, end, BLOCK_N):
+        m, l, acc = _mla_tile(q_lat, q_pe, cache_ptr, bt_row, t0, end, qk_scale, stride_c_block, stride_c_tok, q_pos,
+                              m, l, acc, RANK, RANK_PAD, ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, True, CAUSAL,
+                              DOT_PRECISION, UPCAST)
     return m, l, acc
 
 
@@ -87,12 +113,9 @@ def _mla_decode(
     NUM_HEADS: tl.constexpr, HEAD_BLOCK: tl.constexpr, NUM_HEAD_BLOCKS: tl.constexpr,
     RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, OVERLAPPED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Range j of head block `head_block`'s tile line (kernels/work_split.py). OVERLAPPED: the combine may
-    launch now, to wait in its programs for this grid's end."""
-    if OVERLAPPED:
-        gdc_launch_dependents()
+    """Range j of head block `head_block`'s tile line (kernels/work_split.py)."""
     pid = tl.program_id(0)
     head_block = pid % NUM_HEAD_BLOCKS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
@@ -225,7 +248,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     consts = dict(NUM_HEADS=num_heads, HEAD_BLOCK=head_block, NUM_HEAD_BLOCKS=num_head_blocks,
                   RANK=rank, RANK_PAD=max(16, next_pow2(rank)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
                   BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
-                  MIN_TILES=cfg["min_tiles"], OVERLAPPED=overlapped_launch(q_latent.device),
+                  MIN_TILES=cfg["min_tiles"],
                   DOT_PRECISION=dot_precision(q_latent.dtype), UPCAST=upcast_dots(latent_cache),
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if on_gpu and cfg.get("maxnreg"):

@@ -19,9 +19,8 @@ Every program sums seq_lens itself: no host sync.
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
-from .dispatch import next_pow2, overlapped_launch, sm_count
+from .dispatch import next_pow2, sm_count
 
 # Integer arguments that change from step to step (how many sequences, the grid, an eager step's block-table width):
 # Triton would compile a variant for each value equal to 1 or divisible by 16 it meets, inside the timed run where the
@@ -113,15 +112,12 @@ def combine_cut_units(
     stride_o_seq, stride_o_head,
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
-    J_BLOCK: tl.constexpr, MIN_TILES: tl.constexpr, OVERLAPPED: tl.constexpr,
+    J_BLOCK: tl.constexpr, MIN_TILES: tl.constexpr,
 ):
     """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
     unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
     programs' partials per step, into the output of ROW_BLOCK of the unit's ROWS heads. Whole ones were
-    written already; empty sequences get zeros here. OVERLAPPED: launched before the attention kernel ended; every
-    program waits for it, so this grid never ends first (what follows reads the output of both)."""
-    if OVERLAPPED:
-        gdc_wait()
+    written already; empty sequences get zeros here."""
     seq = tl.program_id(0)
     row_blocks = tl.cdiv(ROWS, ROW_BLOCK)
     unit = tl.program_id(1) // row_blocks
@@ -187,11 +183,10 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
     # for the cuts), so few are masked; a power of two from 2 to J_SPLIT, 6 variants to compile at most
     share = num_programs // (units * num_seqs) + 1
     j_block = min(max(2, next_pow2(share)), COMBINE_J_SPLIT, max(1, COMBINE_MAX_TILE // (row_block * dim_block)))
-    overlapped = overlapped_launch(out.device)
     combine_cut_units[(num_seqs, units * triton.cdiv(rows, row_block), triton.cdiv(head_dim, dim_block))](
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
         HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
-        MIN_TILES=min_tiles, OVERLAPPED=overlapped,
-        num_warps=4, **({"launch_pdl": True} if overlapped else {}),
+        MIN_TILES=min_tiles,
+        num_warps=4,
     )

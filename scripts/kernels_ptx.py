@@ -80,8 +80,6 @@ def compile_ptx(kernel: JITFunction, values: dict, options: dict) -> str:
 def compile_kernel(kernel: JITFunction, values: dict, options: dict):
     if "UPCAST" in values:  # the launch was made from CPU tensors: bf16 dots widened for the interpreter, not the GPU
         values = {**values, "UPCAST": False}
-    if "OVERLAPPED" in values:  # and launched back to back on the H200 (kernels/dispatch.py overlapped_launch)
-        values = {**values, "OVERLAPPED": True}
     constexprs = {kernel.arg_names[i]: values[kernel.arg_names[i]] for i in kernel.constexprs}
     signature = {name: "constexpr" if name in constexprs else arg_type(values[name]) for name in kernel.arg_names}
     fixed = {kernel.arg_names[i] if isinstance(i, int) else i for i in kernel.do_not_specialize}  # never specialized
