@@ -33,7 +33,7 @@ replays, 10 s of fp32 checks), so the grid is not trimmed; the budget's default 
 --config-sweep [SWEEP ...] also times kernel configs (SWEEPS, every one unless named) on some grid cells, each
 variant checked against the default's output, and prints a table per sweep, best worst case first: dense prefill's
 (32), MLA prefill's absorbed (8) and decompressed (24) on their prefill cells, MLA decode's (8 at 16 heads, 6 at 128)
-at 1K and 4K for 32 and 256 sequences and on one long sequence (64K at 16 heads, 128K at 128), dense decode's (8) on six
+at 1K and 4K for 8, 32 and 256 sequences and on one long sequence (64K at 16 heads, 128K at 128), dense decode's (8) on six
 cells (swept_decode_cells). Estimated at about 5 more minutes for all (~150 compiles at ~2 s, ~60 s of
 replays).
 """
@@ -380,7 +380,7 @@ GRID = {
     "mla_heads": (16, 128), "rank": 512, "rope": 64,  # DeepSeek-V2-Lite; V2/V3
     "dense": ((28, 4), (32, 8), (32, 32)), "head_dim": 128,  # R1-Distill-Qwen-7B's GQA 28/4 first
     "long_mla": 65536,  # issue 14's "MLA, one sequence of 64K" row
-    "swept_mla_batches": (32, 256),  # --config-sweep's MLA decode cells (1K and 4K)
+    "swept_mla_batches": (8, 32, 256),  # --config-sweep's MLA decode cells (1K and 4K)
     # --config-sweep's dense decode cells: over 1.10x of the floor in grid-7, floors of 15-500 us, 4 batch sizes
     "swept_decode_cells": ("GQA 28/4 b32 x 1K", "GQA 28/4 b8 x 4K", "GQA 28/4 b1 x 32K", "GQA 28/4 b256 x 4K",
                            "GQA 28/4 b128 x 1K", "GQA 32/8 b1 x 128K"),
@@ -470,13 +470,13 @@ SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the c
         {**mla.MANY_HEADS_CONFIG, "head_block": hb, "block_n": block_n, "num_warps": warps, "num_stages": stages,
          "min_tiles": min_tiles}
         for hb, block_n, warps, stages, min_tiles in ((64, 64, 8, 2, 2), (64, 64, 8, 2, 4), (64, 64, 8, 2, 8),
-                                                      (32, 64, 4, 2, 2), (64, 32, 8, 2, 2), (64, 32, 8, 2, 4))]),
+                                                      (64, 64, 8, 2, 16), (64, 64, 8, 2, 32), (32, 64, 4, 2, 2))]),
 }
 
 
 def sweep_of(c, g):
     """The key of the sweep that covers cell c, or None: every prefill cell; MLA decode at 1K and 4K for the batches
-    in swept_mla_batches (each batch size compiles its own variants: two keep the cost down; the contexts share
+    in swept_mla_batches (each batch size compiles its own variants: three keep the cost down; the contexts share
     them), and one long sequence (64K at 16 heads, 128K above)."""
     if c.family in PREFILLS:
         return next(key for key, family in FAMILY_KEYS.items() if family == c.family)  # a prefill's sweep: its key

@@ -30,58 +30,18 @@ DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "maxnreg": Non
 
 
 @triton.jit
-def whole_tile(ptr, bt_row, t0, kv_head, stride_block, stride_tok, stride_head, dims,
-               HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Keys or values of the BLOCK_N tokens from t0, all of them in the sequence: no mask on tokens."""
-    toks = t0 + tl.arange(0, BLOCK_N)
-    blocks = tl.load(bt_row + toks // BLOCK_SIZE).to(tl.int64)
-    rows = blocks * stride_block + (toks % BLOCK_SIZE) * stride_tok + kv_head * stride_head
-    if HEAD_DIM == HEAD_DIM_PAD:
-        return tl.load(ptr + rows[:, None] + dims[None, :])
-    return tl.load(ptr + rows[:, None] + dims[None, :], mask=(dims < HEAD_DIM)[None, :], other=0.0)
-
-
-@triton.jit
-def attend_whole_tiles(q, k_ptr, v_ptr, bt_row, kv_head, start, end, qk_scale,
-                       stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok, stride_v_head,
-                       ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                       BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Online softmax of q's ROWS rows over tokens [start, end), whole tiles that every row sees in full: (max, sum,
-    unnormalized out)."""
-    m = tl.full([ROWS], float("-inf"), tl.float32)
-    l = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
-    dims = tl.arange(0, HEAD_DIM_PAD)
-    for t0 in range(start, end, BLOCK_N):
-        k = whole_tile(k_ptr, bt_row, t0, kv_head, stride_k_block, stride_k_tok, stride_k_head, dims, HEAD_DIM,
-                       HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
-        s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST)
-        m, l, p, alpha = softmax_update(s, qk_scale, None, None, None, m, l, False, False)
-        v = whole_tile(v_ptr, bt_row, t0, kv_head, stride_v_block, stride_v_tok, stride_v_head, dims, HEAD_DIM,
-                       HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
-    return m, l, acc
-
-
-@triton.jit
 def attend_tokens(q, k_ptr, v_ptr, bt_row, kv_head, start, end, qk_scale,
-                  stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok, stride_v_head,
-                  ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Online softmax of q's ROWS rows over tokens [start, end) of one KV head, start a multiple of BLOCK_N: (max,
-    sum, unnormalized out). The tiles wholly before `end` load and score with no mask, then the one that runs past
-    it, if any, masked."""
-    whole_end = start + (end - start) // BLOCK_N * BLOCK_N
-    m, l, acc = attend_whole_tiles(q, k_ptr, v_ptr, bt_row, kv_head, start, whole_end, qk_scale,
-                                   stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
-                                   stride_v_head, ROWS, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, DOT_PRECISION,
-                                   UPCAST)
-    return attend_more_tokens(m, l, acc, q, k_ptr, v_ptr, bt_row, kv_head, whole_end, end, qk_scale,
-                              stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
-                              stride_v_head, 0, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION,
-                              UPCAST)
+                   stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok, stride_v_head, q_pos,
+                   ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Online softmax of q's ROWS rows over tokens [start, end) of one KV head: (max, sum, unnormalized out).
+    CAUSAL: row r sees tokens up to q_pos[r] only (prefill, kernels/prefill.py); decode passes q_pos unused."""
+    return attend_more_tokens(tl.full([ROWS], float("-inf"), tl.float32), tl.zeros([ROWS], tl.float32),
+                              tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32), q, k_ptr, v_ptr, bt_row, kv_head, start,
+                              end, qk_scale, stride_k_block, stride_k_tok, stride_k_head, stride_v_block,
+                              stride_v_tok, stride_v_head, q_pos, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, CAUSAL,
+                              DOT_PRECISION, UPCAST)
 
 
 @triton.jit
@@ -145,8 +105,8 @@ def _decode(
         m, l, acc = attend_tokens(q, k_ptr, v_ptr, block_table_ptr + seq * stride_bt_seq, kv_head,
                                   t_first * BLOCK_N, tl.minimum(t_last * BLOCK_N, seq_len), qk_scale,
                                   stride_k_block, stride_k_tok, stride_k_head,
-                                  stride_v_block, stride_v_tok, stride_v_head,
-                                  GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, UPCAST)
+                                  stride_v_block, stride_v_tok, stride_v_head, 0,
+                                  GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION, UPCAST)
         store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, dims, out_mask, row_mask,
                            rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first, seg_end,
                            last, GROUP, HEAD_DIM)

@@ -30,16 +30,21 @@ PROBE_PROGRAMS = 1001
 # min_tiles: tiles per range at least (kernels/work_split.py): a partial weighs as much as a tile. 2: the
 # fastest for a V2-Lite decode step's batch of 8 x 550 tokens (paged_h200 mla_split, cold latent per layer:
 # 20.6 us per layer against 24.1 at 1 and 33.8 at 8; one 64K sequence prefers 8: issue 14's kernel work).
-DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 2}
+DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 2,
+                  "split_tail": False}
 # 17 to 32 heads (V2/V3 over 4 tensor-parallel ranks): 32-head blocks run the products on wider tensor-core tiles. Of
 # 18 configs on 128 heads x 4K at batch 32 and 256 (kernels_h200_2026-12-01_*_grid), the fastest then: 5.39x and 4.50x
 # of the FLOP floor against 16-head blocks' 7.02x and 6.09x.
-MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block": 32, "maxnreg": None, "min_tiles": 2}
+MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block": 32, "maxnreg": None, "min_tiles": 2,
+                    "split_tail": False}
 # More than 32 heads (V2/V3's 128, compute-bound on the H200): 64-head blocks on two warpgroups, wgmma with no spills in
 # the loop (the 32-head blocks' loop spills: ptxas, and 11.9M local-memory requests under Nsight Compute). Of 6 configs
 # with the combine's rows capped (kernels_h200_2026-12-01_*_grid-7): 4.78x / 3.53x / 3.78x of the floor at b32 x 4K,
 # b256 x 4K and one 128K sequence, against the 32-head blocks' 5.39x / 4.59x / 4.62x.
-MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2}
+# split_tail: a sequence's whole tiles unmasked, in a loop of their own (_mla_tokens): 0.91x the time at the median of
+# 20 cells (kernels_h200_2026-12-02_*_grid-8 against *_grid-6-serial), this kernel being bound by issuing instructions.
+MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
+                     "split_tail": True}
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator). Of 24 configs on a 4K prompt at 16 heads (same run), the fastest: 14.0x of the floor against 28.0x.
 PREFILL_CONFIG = {"rows": 32, "block_n": 64, "num_warps": 4, "num_stages": 2}
@@ -83,19 +88,24 @@ def _mla_tile(q_lat, q_pe, cache_ptr, bt_row, t0, end, qk_scale, stride_c_block,
 def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_block, stride_c_tok, q_pos,
                 ROWS: tl.constexpr, RANK: tl.constexpr, RANK_PAD: tl.constexpr,
                 ROPE: tl.constexpr, ROPE_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Online softmax of ROWS query rows over latent tokens [start, end): (max, sum, unnormalized out). The tiles
-    wholly before `end` unmasked, then the one that runs past it, if any. CAUSAL: row r sees tokens up to q_pos[r]
-    only (prefill); decode passes q_pos unused."""
+                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SPLIT_TAIL: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Online softmax of ROWS query rows over latent tokens [start, end): (max, sum, unnormalized out). CAUSAL: row r
+    sees tokens up to q_pos[r] only (prefill); decode passes q_pos unused. SPLIT_TAIL: the tiles wholly before `end`
+    in a loop of their own, unmasked, then the one that runs past it, if any; else every tile masked, in one loop (a
+    second loop's pipeline costs more than the masks save where the work is not bound by issuing instructions:
+    16-head decode, kernels_h200_2026-12-02_*_grid-8)."""
     m = tl.full([ROWS], float("-inf"), tl.float32)
     l = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, RANK_PAD], tl.float32)
-    whole_end = start + (end - start) // BLOCK_N * BLOCK_N
-    for t0 in range(start, whole_end, BLOCK_N):
-        m, l, acc = _mla_tile(q_lat, q_pe, cache_ptr, bt_row, t0, end, qk_scale, stride_c_block, stride_c_tok, q_pos,
-                              m, l, acc, RANK, RANK_PAD, ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, False, CAUSAL,
-                              DOT_PRECISION, UPCAST)
-    for t0 in range(whole_end, end, BLOCK_N):
+    tail = start
+    if SPLIT_TAIL:
+        tail = start + (end - start) // BLOCK_N * BLOCK_N
+        for t0 in range(start, tail, BLOCK_N):
+            m, l, acc = _mla_tile(q_lat, q_pe, cache_ptr, bt_row, t0, end, qk_scale, stride_c_block, stride_c_tok,
+                                  q_pos, m, l, acc, RANK, RANK_PAD, ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, False, CAUSAL,
+                                  DOT_PRECISION, UPCAST)
+    for t0 in range(tail, end, BLOCK_N):
         m, l, acc = _mla_tile(q_lat, q_pe, cache_ptr, bt_row, t0, end, qk_scale, stride_c_block, stride_c_tok, q_pos,
                               m, l, acc, RANK, RANK_PAD, ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, True, CAUSAL,
                               DOT_PRECISION, UPCAST)
@@ -113,7 +123,7 @@ def _mla_decode(
     NUM_HEADS: tl.constexpr, HEAD_BLOCK: tl.constexpr, NUM_HEAD_BLOCKS: tl.constexpr,
     RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    SPLIT_TAIL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Range j of head block `head_block`'s tile line (kernels/work_split.py)."""
     pid = tl.program_id(0)
@@ -140,7 +150,7 @@ def _mla_decode(
         m, l, acc = _mla_tokens(q_lat, q_pe, cache_ptr, block_table_ptr + seq * stride_bt_seq,
                                 t_first * BLOCK_N, tl.minimum(t_last * BLOCK_N, seq_len), qk_scale,
                                 stride_c_block, stride_c_tok, 0, HEAD_BLOCK, RANK, RANK_PAD, ROPE, ROPE_PAD,
-                                BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION, UPCAST)
+                                BLOCK_SIZE, BLOCK_N, False, SPLIT_TAIL, DOT_PRECISION, UPCAST)
         store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, rank_dims, out_mask,
                            head_mask, rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first,
                            seg_end, last, HEAD_BLOCK, RANK)
@@ -179,7 +189,7 @@ def _mla_prefill(
     kv_end = prefix + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)  # the tile's last token sees no further
     m, l, acc = _mla_tokens(q_lat, q_pe, cache_ptr, block_table_ptr + seq * stride_bt_seq, 0, kv_end, qk_scale,
                             stride_c_block, stride_c_tok, prefix + tok, BLOCK_Q * HEAD_BLOCK, RANK, RANK_PAD,
-                            ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, True, DOT_PRECISION, UPCAST)
+                            ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, True, True, DOT_PRECISION, UPCAST)
     l = tl.where(l == 0.0, 1.0, l)
     tl.store(out_ptr + tok64[:, None] * stride_o_tok + heads[:, None] * stride_o_head + rank_dims[None, :],
              (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -230,8 +240,8 @@ def decode_config(num_heads: int) -> dict:
 def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
                num_programs=None):
     """Triton MLA decode. out: a buffer to write (tests poison it); config (block_n, num_warps,
-    num_stages, head_block, maxnreg, min_tiles) and num_programs override the tuned defaults (decode_config) and the
-    grid."""
+    num_stages, head_block, maxnreg, min_tiles, split_tail) and num_programs override the tuned defaults (decode_config)
+    and the grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]
     _, block_size, width = latent_cache.shape
@@ -248,7 +258,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     consts = dict(NUM_HEADS=num_heads, HEAD_BLOCK=head_block, NUM_HEAD_BLOCKS=num_head_blocks,
                   RANK=rank, RANK_PAD=max(16, next_pow2(rank)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
                   BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
-                  MIN_TILES=cfg["min_tiles"],
+                  MIN_TILES=cfg["min_tiles"], SPLIT_TAIL=cfg["split_tail"],
                   DOT_PRECISION=dot_precision(q_latent.dtype), UPCAST=upcast_dots(latent_cache),
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if on_gpu and cfg.get("maxnreg"):

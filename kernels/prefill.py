@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, sm_count, upcast_dots
-from .decode import attend_more_tokens, attend_whole_tiles
+from .decode import attend_more_tokens
+from .dot import dot, softmax_update
 
 fix_triton_interpreter()
 
@@ -75,6 +76,41 @@ def prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, q_tile, seq, BLOCK_Q: tl.conste
     return q_start, q_len, tl.load(seq_lens_ptr + seq) - q_len, tok, rows % PER_TOKEN
 
 
+@triton.jit
+def _tile(ptr, bt_row, t0, kv_head, stride_block, stride_tok, stride_head, dims,
+          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys or values of the BLOCK_N tokens from t0, all of them in the sequence: no mask on tokens."""
+    toks = t0 + tl.arange(0, BLOCK_N)
+    blocks = tl.load(bt_row + toks // BLOCK_SIZE).to(tl.int64)
+    rows = blocks * stride_block + (toks % BLOCK_SIZE) * stride_tok + kv_head * stride_head
+    if HEAD_DIM == HEAD_DIM_PAD:
+        return tl.load(ptr + rows[:, None] + dims[None, :])
+    return tl.load(ptr + rows[:, None] + dims[None, :], mask=(dims < HEAD_DIM)[None, :], other=0.0)
+
+
+@triton.jit
+def attend_whole_tiles(q, k_ptr, v_ptr, bt_row, kv_head, end, qk_scale,
+                       stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok, stride_v_head,
+                       ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                       BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Online softmax of q's ROWS rows over tokens [0, end), end a multiple of BLOCK_N, that every row sees in full:
+    (max, sum, unnormalized out)."""
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, HEAD_DIM_PAD], tl.float32)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    for t0 in range(0, end, BLOCK_N):
+        k = _tile(k_ptr, bt_row, t0, kv_head, stride_k_block, stride_k_tok, stride_k_head, dims, HEAD_DIM,
+                  HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
+        s = dot(q, tl.trans(k), DOT_PRECISION, UPCAST)
+        m, l, p, alpha = softmax_update(s, qk_scale, None, None, None, m, l, False, False)
+        v = _tile(v_ptr, bt_row, t0, kv_head, stride_v_block, stride_v_tok, stride_v_head, dims, HEAD_DIM,
+                  HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, DOT_PRECISION, UPCAST)
+    return m, l, acc
+
+
 @triton.jit(do_not_specialize=["stride_bt_seq", "tiles_first"])  # (see work_split.RUN_TIME_INTS)
 def _prefill(
     q_ptr, k_ptr, v_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr,
@@ -114,7 +150,7 @@ def _prefill(
     masked_from = 0
     if SPLIT_CAUSAL:  # whole key tiles before the first row's position: every row sees all of them
         masked_from = (prefix + q_tile * BLOCK_Q) // BLOCK_N * BLOCK_N
-    m, l, acc = attend_whole_tiles(q, k_ptr, v_ptr, bt_row, kv_head, 0, masked_from, qk_scale,
+    m, l, acc = attend_whole_tiles(q, k_ptr, v_ptr, bt_row, kv_head, masked_from, qk_scale,
                                    stride_k_block, stride_k_tok, stride_k_head, stride_v_block, stride_v_tok,
                                    stride_v_head, BLOCK_Q * HEADS_PER_TOKEN, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE,
                                    BLOCK_N, DOT_PRECISION, UPCAST)

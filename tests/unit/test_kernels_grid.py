@@ -99,6 +99,8 @@ def test_sweep_of_picks_the_prefill_cells_and_the_named_decode_cells():
     picked = {c.name: kg.sweep_of(c, kg.GRID) for c in kg.all_cells(kg.GRID) if kg.sweep_of(c, kg.GRID)}
     assert picked["MLA 128h b256 x 4K"] == "mla-decode-128" and picked["MLA 16h b1 x 64K"] == "mla-decode-16"
     assert picked["MLA 128h b1 x 128K"] == "mla-decode-128"
-    assert "MLA 128h b8 x 4K" not in picked and "GQA 28/4 b1 x 128K" not in picked and "MLA 16h b1 x 128K" not in picked
+    assert picked["MLA 128h b8 x 1K"] == "mla-decode-128" and picked["MLA 16h b32 x 4K"] == "mla-decode-16"
+    assert "MLA 128h b128 x 4K" not in picked and "MLA 128h b8 x 32K" not in picked
+    assert "GQA 28/4 b1 x 128K" not in picked and "MLA 16h b1 x 128K" not in picked
     prefills = [c for c in kg.all_cells(kg.GRID) if c.family in kg.PREFILLS]
     assert all(kg.sweep_of(c, kg.GRID) in kg.SWEEPS for c in prefills)
