@@ -33,9 +33,12 @@ replays, 10 s of fp32 checks), so the grid is not trimmed; the budget's default 
 --config-sweep [SWEEP ...] also times kernel configs (SWEEPS, every one unless named) on some grid cells, each
 variant checked against the default's output, and prints a table per sweep, best worst case first: dense prefill's
 (32), MLA prefill's absorbed (8) and decompressed (24) on their prefill cells, MLA decode's (8 at 16 heads, 6 at 128)
-at 1K and 4K for 8, 32 and 256 sequences and on one long sequence (64K at 16 heads, 128K at 128), dense decode's (8) on six
-cells (swept_decode_cells). Estimated at about 5 more minutes for all (~150 compiles at ~2 s, ~60 s of
+at 1K and 4K for 8, 32 and 256 sequences and on one long sequence (64K at 16 heads, 128K at 128), dense decode's
+(8) on six cells (swept_decode_cells). Estimated at about 5 more minutes for all (~150 compiles at ~2 s, ~60 s of
 replays).
+
+--combine-programs-per-sm N times decode with its combine split until it has N programs a multiprocessor (the
+default's alternatives, side by side with a grid run at the default).
 """
 import argparse
 import datetime
@@ -53,7 +56,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import kernels  # noqa: E402
-from kernels import decode, dispatch, mla, mla_mha, prefill, reference  # noqa: E402
+from kernels import decode, dispatch, mla, mla_mha, prefill, reference, work_split  # noqa: E402
 
 DEVICE = "cuda"
 BLOCK = 16
@@ -1087,6 +1090,9 @@ def main():
                              f"({', '.join(SWEEPS)}), every one if none is")
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILY_KEYS), metavar="FAMILY",
                         help=f"--grid runs only these kernel families ({', '.join(FAMILY_KEYS)})")
+    parser.add_argument("--combine-programs-per-sm", type=int, metavar="N",
+                        help="decode's combine splits its blocks until it has N programs a multiprocessor (default "
+                             f"{work_split.COMBINE_PROGRAMS_PER_SM}: kernels/work_split.py)")
     parser.add_argument("--max-seconds", type=float, default=480,
                         help="--grid starts no cell past this many seconds from the start (default 480)")
     args = parser.parse_args()
@@ -1099,6 +1105,8 @@ def main():
     if args.families and not args.grid:
         parser.error("--families picks the grid's cells: run it with --grid")
     os.makedirs(args.out, exist_ok=True)
+    if args.combine_programs_per_sm is not None:
+        work_split.COMBINE_PROGRAMS_PER_SM = args.combine_programs_per_sm
     t0 = time.time()
     if args.dry_run:
         dry_run_shapes()
@@ -1111,7 +1119,7 @@ def main():
            "defaults": {"decode": decode.DEFAULT_CONFIG, "mla": mla.DEFAULT_CONFIG,
                         "mla_mid_heads": mla.MID_HEADS_CONFIG, "mla_many_heads": mla.MANY_HEADS_CONFIG,
                         "mla_prefill": mla.PREFILL_CONFIG, "mla_mha_prefill": mla_mha.CONFIG,
-                        "prefill": prefill.CONFIG}}
+                        "prefill": prefill.CONFIG, "combine_programs_per_sm": work_split.COMBINE_PROGRAMS_PER_SM}}
     log("env", json.dumps(env))
     torch.manual_seed(0)
     if args.grid:
