@@ -43,6 +43,8 @@ MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block"
 # b256 x 4K and one 128K sequence, against the 32-head blocks' 5.39x / 4.59x / 4.62x.
 # split_tail: a sequence's whole tiles unmasked, in a loop of their own (_mla_tokens): 0.91x the time at the median of
 # 20 cells (kernels_h200_2026-12-02_*_grid-8 against *_grid-6-serial), this kernel being bound by issuing instructions.
+# min_tiles 2 still: 8 trades b8 x 1K (15.7x of the floor against 10.0x) for b32 x 1K and b8 x 4K, 16 and 32 lose
+# everywhere (a range a sequence: too few programs; grid-9).
 MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
                      "split_tail": True}
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32

@@ -41,7 +41,8 @@ COMBINE_MAX_TILE = 4096
 # grid-4). Halving step by step, not straight to the least: 128 MLA heads x 8 sequences went straight from 512
 # programs to 8192 (a 30 us combine, kernels_h200_2026-12-02_*_grid-3). One per multiprocessor, not 4: at 4, 32
 # sequences x 4 KV heads took the split too, where most sequences are whole and the added programs only exit
-# (GQA 28/4 b32 x 1K 32.9 -> 36.2 us, grid-5).
+# (GQA 28/4 b32 x 1K 32.9 -> 36.2 us, grid-5). With the halving, 2 and 4 were 1.00x at the median of every decode
+# family, each slower somewhere (kernels_h200_2026-12-02_*_grid-11-per-sm-*: 128h b8 x 4K 1.14x at 4).
 COMBINE_PROGRAMS_PER_SM = 1
 COMBINE_ROW_SPLIT, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 64
 
