@@ -1,0 +1,59 @@
+"""The grid and tiles merge_partials picks for decode's combine, on the H200's 132 multiprocessors, without running it:
+the shapes whose combine the H200 measured (kernels_h200_2026-12-02_*_grid-3, -5)."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernels import work_split  # noqa: E402
+
+H200_SMS = 132
+
+
+class Launch:
+    """Stands in for combine_cut_units: records the grid and the constexprs of the launch."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **consts):
+            self.grid, self.consts = grid, consts
+        return launch
+
+
+def combine(monkeypatch, *, seqs, units, rows, head_dim, programs):
+    launch = Launch()
+    monkeypatch.setattr(work_split, "combine_cut_units", launch)
+    monkeypatch.setattr(work_split, "sm_count", lambda device: H200_SMS)
+    part_out, part_lse = torch.empty(programs * 2 * rows * head_dim), torch.empty(programs * 2 * rows)
+    out = torch.empty(seqs, units * rows, head_dim)
+    work_split.merge_partials(part_out, part_lse, torch.full((seqs,), 1024, dtype=torch.int32), out, programs,
+                              num_heads=units * rows, units=units, rows=rows, head_dim=head_dim, block_n=64,
+                              seqs_pad=max(16, seqs), min_tiles=2)
+    c = launch.consts
+    programs = launch.grid[0] * launch.grid[1] * launch.grid[2]
+    return programs, (c["J_BLOCK"], c["ROW_BLOCK"], c["DIM_BLOCK"])
+
+
+def test_128_mla_heads_at_batch_8_fill_the_gpu_without_thousands_of_programs(monkeypatch):
+    # 2 units of 64 heads x 8 column blocks x 8 sequences: 512 programs at 16 rows. The split had counted no row
+    # blocks (128 < 132) and went to 2 rows x 32 columns: 8192 programs, a 30 us combine.
+    programs, (j, rows, dims) = combine(monkeypatch, seqs=8, units=2, rows=64, head_dim=512, programs=132)
+    assert programs == 512 and (rows, dims) == (16, 64)
+    assert j * rows * dims <= work_split.COMBINE_MAX_TILE
+
+
+def test_few_sequences_split_rows_then_columns_until_a_program_a_multiprocessor(monkeypatch):
+    # one long 16-head MLA sequence: 8 programs at 16 rows x 64 columns; halved to 2 rows, then 32 columns
+    programs, (j, rows, dims) = combine(monkeypatch, seqs=1, units=1, rows=16, head_dim=512, programs=132)
+    assert (rows, dims) == (2, 32) and programs == 128
+    assert j == work_split.COMBINE_J_SPLIT  # 132 ranges of one sequence: the most partials a step
+    # 8 sequences of GQA 28/4: 64 programs at 8 rows, 256 at 2 (rows halved twice, columns kept)
+    programs, (j, rows, dims) = combine(monkeypatch, seqs=8, units=4, rows=7, head_dim=128, programs=396)
+    assert (rows, dims) == (2, 64) and programs == 256
+
+
+@pytest.mark.parametrize("seqs, partials", [(16, 8), (32, 4), (256, 2)])
+def test_partials_a_step_follow_a_sequences_share_of_the_ranges(monkeypatch, seqs, partials):
+    # GQA 28/4, 396 programs (3 a multiprocessor): 99 ranges a KV head, so a sequence holds about 99 / seqs + 1 of
+    # them; a step takes the next power of two (8 a step, as before, would mask half or more at 32 and 256)
+    _, (j, rows, dims) = combine(monkeypatch, seqs=seqs, units=4, rows=7, head_dim=128, programs=396)
+    assert j == partials and j * rows * dims <= work_split.COMBINE_MAX_TILE
