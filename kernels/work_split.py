@@ -167,11 +167,15 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
     """Launch combine_cut_units over every (sequence, unit, row block, column block), in smaller blocks where that
     grid would leave the GPU mostly idle (few sequences), merging more partials a step where a sequence has many."""
     num_seqs = seq_lens.shape[0]
+    # The blocks are chosen for the batch rounded up to a power of two: the constexprs (hence the compiled variants)
+    # of a batch between two of the paged stack's CUDA-graph buckets are those of a bucket, warmed before the timed
+    # run (harness/stacks/paged/graphs.py). An eager mixed step decodes any count of sequences (R1's 32 x 2K: 1 to 31).
+    seqs = next_pow2(num_seqs)
     row_block = min(max(2, next_pow2(rows)), COMBINE_MAX_ROWS)  # ROW_BLOCK 1 would be a different tl.arange
     dim_block = min(COMBINE_DIM_BLOCK, max(16, next_pow2(head_dim)))
 
     def programs():
-        return num_seqs * units * triton.cdiv(rows, row_block) * triton.cdiv(head_dim, dim_block)
+        return seqs * units * triton.cdiv(rows, row_block) * triton.cdiv(head_dim, dim_block)
 
     while programs() < COMBINE_PROGRAMS_PER_SM * sm_count(out.device):
         if row_block > COMBINE_ROW_SPLIT:
@@ -182,7 +186,7 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
             break
     # partials a step: about as many as a sequence has, were the lengths equal (its share of the unit's ranges, + 1
     # for the cuts), so few are masked; a power of two from 2 to J_SPLIT, 6 variants to compile at most
-    share = num_programs // (units * num_seqs) + 1
+    share = num_programs // (units * seqs) + 1
     j_block = min(max(2, next_pow2(share)), COMBINE_J_SPLIT, max(1, COMBINE_MAX_TILE // (row_block * dim_block)))
     combine_cut_units[(num_seqs, units * triton.cdiv(rows, row_block), triton.cdiv(head_dim, dim_block))](
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),

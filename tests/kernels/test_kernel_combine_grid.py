@@ -27,7 +27,7 @@ def combine(monkeypatch, *, seqs, units, rows, head_dim, programs):
     out = torch.empty(seqs, units * rows, head_dim)
     work_split.merge_partials(part_out, part_lse, torch.full((seqs,), 1024, dtype=torch.int32), out, programs,
                               num_heads=units * rows, units=units, rows=rows, head_dim=head_dim, block_n=64,
-                              seqs_pad=max(16, seqs), min_tiles=2)
+                              seqs_pad=max(16, 1 << (seqs - 1).bit_length()), min_tiles=2)  # as the callers pad
     c = launch.consts
     programs = launch.grid[0] * launch.grid[1] * launch.grid[2]
     return programs, (c["J_BLOCK"], c["ROW_BLOCK"], c["DIM_BLOCK"])
@@ -57,3 +57,16 @@ def test_partials_a_step_follow_a_sequences_share_of_the_ranges(monkeypatch, seq
     # them; a step takes the next power of two (8 a step, as before, would mask half or more at 32 and 256)
     _, (j, rows, dims) = combine(monkeypatch, seqs=seqs, units=4, rows=7, head_dim=128, programs=396)
     assert j == partials and j * rows * dims <= work_split.COMBINE_MAX_TILE
+
+
+@pytest.mark.parametrize("units, rows, head_dim, programs", [(4, 7, 128, 396), (2, 64, 512, 132), (1, 16, 512, 396)])
+def test_any_batch_compiles_the_combine_of_a_power_of_two(monkeypatch, units, rows, head_dim, programs):
+    """A mixed step decodes any count of sequences eagerly; the paged stack warms a CUDA graph for every power of two
+    up to its largest batch (harness/stacks/paged/graphs.py BUCKETS), so a count between two compiles nothing new in
+    the timed run: its constexprs are those of the power of two above it."""
+    def consts(seqs):
+        combine(monkeypatch, seqs=seqs, units=units, rows=rows, head_dim=head_dim, programs=programs)
+        return {k: v for k, v in work_split.combine_cut_units.consts.items() if k.isupper()}
+
+    for seqs in range(1, 65):
+        assert consts(seqs) == consts(1 << (seqs - 1).bit_length()), seqs
