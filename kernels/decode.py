@@ -108,8 +108,8 @@ def _decode(
                                   stride_v_block, stride_v_tok, stride_v_head, 0,
                                   GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION, UPCAST)
         store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, dims, out_mask, row_mask,
-                           rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first, seg_end,
-                           last, GROUP, HEAD_DIM)
+                           rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first, GROUP,
+                           HEAD_DIM)
         x = seg_end
 
 

@@ -54,33 +54,35 @@ CPU_PREFILL_TILES = {"rows": 16, "block_n": 16}  # the interpreter runs small ti
 
 
 @triton.jit
+def _latent_columns(rows, toks, end, FIRST: tl.constexpr, WIDTH: tl.constexpr, PAD: tl.constexpr,
+                    MASK_END: tl.constexpr):
+    """Columns FIRST..FIRST+WIDTH of the latent rows, padded to PAD with zeros; MASK_END: tokens >= end read as zeros.
+    No mask at all where neither applies."""
+    dims = tl.arange(0, PAD)
+    if MASK_END:
+        return tl.load(rows[:, None] + FIRST + dims[None, :], mask=(toks < end)[:, None] & (dims < WIDTH)[None, :],
+                       other=0.0)
+    if WIDTH != PAD:
+        return tl.load(rows[:, None] + FIRST + dims[None, :], mask=(dims < WIDTH)[None, :], other=0.0)
+    return tl.load(rows[:, None] + FIRST + dims[None, :])
+
+
+@triton.jit
 def _mla_tile(q_lat, q_pe, cache_ptr, bt_row, t0, end, qk_scale, stride_c_block, stride_c_tok, q_pos, m, l, acc,
               RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
               BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASK_END: tl.constexpr, CAUSAL: tl.constexpr,
               DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """The online softmax carried over the BLOCK_N latent tokens from t0. MASK_END: the tile may run past `end`
     (loads and scores masked); without it nothing is masked but the pads of RANK and ROPE and, CAUSAL, each row's
-    future (a sequence's whole tiles: in the SASS of 128-head decode, 1458 -> 1226 instructions a tile)."""
-    rank_dims = tl.arange(0, RANK_PAD)
-    rope_dims = tl.arange(0, ROPE_PAD)
+    future (a sequence's whole tiles: in the SASS of 128-head decode, 1458 -> 1227 instructions a tile)."""
     toks = t0 + tl.arange(0, BLOCK_N)
     if MASK_END:
-        tok_mask = toks < end
-        blocks = tl.load(bt_row + toks // BLOCK_SIZE, mask=tok_mask, other=0).to(tl.int64)
+        blocks = tl.load(bt_row + toks // BLOCK_SIZE, mask=toks < end, other=0).to(tl.int64)
     else:
-        tok_mask = toks >= 0  # all true, folded away
         blocks = tl.load(bt_row + toks // BLOCK_SIZE).to(tl.int64)
     rows = cache_ptr + blocks * stride_c_block + (toks % BLOCK_SIZE) * stride_c_tok
-    if MASK_END or RANK != RANK_PAD:
-        kv_c = tl.load(rows[:, None] + rank_dims[None, :], mask=tok_mask[:, None] & (rank_dims < RANK)[None, :],
-                       other=0.0)
-    else:
-        kv_c = tl.load(rows[:, None] + rank_dims[None, :])
-    if MASK_END or ROPE != ROPE_PAD:
-        k_pe = tl.load(rows[:, None] + RANK + rope_dims[None, :], mask=tok_mask[:, None] & (rope_dims < ROPE)[None, :],
-                       other=0.0)
-    else:
-        k_pe = tl.load(rows[:, None] + RANK + rope_dims[None, :])
+    kv_c = _latent_columns(rows, toks, end, 0, RANK, RANK_PAD, MASK_END)
+    k_pe = _latent_columns(rows, toks, end, RANK, ROPE, ROPE_PAD, MASK_END)
     s = dot(q_lat, tl.trans(kv_c), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
     m, l, p, alpha = softmax_update(s, qk_scale, toks, end, q_pos, m, l, MASK_END, CAUSAL)
     return m, l, acc * alpha[:, None] + dot(p.to(kv_c.dtype), kv_c, DOT_PRECISION, UPCAST)
@@ -155,7 +157,7 @@ def _mla_decode(
                                 BLOCK_SIZE, BLOCK_N, False, SPLIT_TAIL, DOT_PRECISION, UPCAST)
         store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, rank_dims, out_mask,
                            head_mask, rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first,
-                           seg_end, last, HEAD_BLOCK, RANK)
+                           HEAD_BLOCK, RANK)
         x = seg_end
 
 

@@ -92,10 +92,10 @@ def locate(x, seqs, lens, tiles, ends):
 
 @triton.jit
 def store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, dims, out_mask, row_mask, rows,
-                       part_out_ptr, part_lse_ptr, pid, whole, x, first, seg_end, last,
-                       ROWS: tl.constexpr, WIDTH: tl.constexpr):
+                       part_out_ptr, part_lse_ptr, pid, whole, x, first, ROWS: tl.constexpr, WIDTH: tl.constexpr):
     """A sequence's attention over this range: its output if the range holds all of it, else a
-    partial (output and log-sum-exp) in slot 0 if it is the range's first sequence, else in slot 1 (its last).
+    partial (output and log-sum-exp) in slot 0 if it is the range's first sequence (x == first), else in slot 1 (its
+    last).
     Once, not in both slots, where the range lies inside the sequence: at 128 MLA heads a partial is 128 KiB, more
     than the 72 KiB latent tile it summarises."""
     if whole:
