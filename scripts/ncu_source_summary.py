@@ -38,9 +38,16 @@ def main() -> None:
     ap.add_argument("csv", help="ncu --page source --csv --print-source sass output")
     ap.add_argument("--top", type=int, default=15, help="instructions with the most samples to list")
     args = ap.parse_args()
-    with open(args.csv, newline="") as f:
-        lines = list(csv.reader(f))
-    header = next(i for i, line in enumerate(lines) if line and line[0] == "Address")
+    try:
+        with open(args.csv, newline="") as f:
+            lines = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        ap.error(f"{args.csv}: cannot read it as CSV ({e.__class__.__name__}: {e})")
+    header = next((i for i, line in enumerate(lines) if line and line[0] == "Address"), None)
+    needed = {"Address", "Source", "Instructions Executed", "Warp Stall Sampling (All Samples)"}
+    if header is None or not needed <= set(lines[header]):
+        ap.error(f"{args.csv}: no header row with the columns {', '.join(sorted(needed))} "
+                 "(ncu -i REPORT --page source --csv --print-source sass writes them)")
     rows = [dict(zip(lines[header], line)) for line in lines[header + 1:] if line]
     total = sum(float(r["Warp Stall Sampling (All Samples)"] or 0) for r in rows) or 1.0
     print(f"{len(rows)} instructions, {total:.0f} stall samples")
