@@ -16,6 +16,7 @@ import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot, softmax_update
+from .mla_hopper import mla_decode_hopper, supported as hopper_supported
 from .prefill import prefill_grid, prefill_program, prefill_rows
 from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
                          tile_line)
@@ -244,8 +245,8 @@ def decode_config(num_heads: int) -> dict:
 def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
                num_programs=None):
     """Triton MLA decode. out: a buffer to write (tests poison it); config (block_n, num_warps,
-    num_stages, head_block, maxnreg, min_tiles, split_tail) and num_programs override the tuned defaults (decode_config)
-    and the grid."""
+    num_stages, head_block, maxnreg, min_tiles, split_tail, hopper: kernels/mla_hopper.py where it runs) and
+    num_programs override the tuned defaults (decode_config) and the grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]
     _, block_size, width = latent_cache.shape
@@ -267,6 +268,9 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if on_gpu and cfg.get("maxnreg"):
         consts["maxnreg"] = cfg["maxnreg"]
+    if cfg.get("hopper") and hopper_supported(q_latent, latent_cache, num_heads):
+        return mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
+                                 min_tiles=cfg["min_tiles"], num_programs=num_programs)
 
     def args(programs, part_out, part_lse):
         return (q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,

@@ -1,0 +1,131 @@
+"""The Hopper MLA decode (kernels/mla_hopper.py, Gluon) on an H200, in one device call: its answers against the float32
+reference and Triton's kernel on shapes that exercise the split (odd lengths, empty sequences, one long sequence
+merged from many partials, any grid, 16- and 64-token cache blocks, the stack's transposed query layout), then its
+time beside Triton's (kernels/mla.py at the same config, hopper off) on 128-head cells of issue 14's grid, timed as
+kernels_h200.py times them (CUDA-graph replays, L2 flushed, layers' caches past L2). Triton's interpreter cannot run
+Gluon: this is the kernel's correctness test on the GPU (the CPU suite only compiles it for sm_90).
+
+    PYTHONUNBUFFERED=1 python benchmarks/mla_hopper_h200.py [--out DIR] [--cells b8x4K ...]
+
+Writes mla_hopper_h200.json to DIR ($OUT on the device machine) and prints a short table last.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kernels_h200 as grid  # noqa: E402
+from kernels_h200 import Cell, bench_graph, bf16, copy_bandwidth, matmul_rate, rel_err  # noqa: E402
+from kernels import mla, reference  # noqa: E402
+
+BOUND = 0.01  # relative error of a bf16 output against the float32 reference (kernels_h200.BF16_BOUND)
+HOPPER = {**mla.MANY_HEADS_CONFIG, "hopper": True}
+TRITON = {**mla.MANY_HEADS_CONFIG, "hopper": False}
+# heads, sequence lengths, cache block size, grid (None: the kernel's own)
+CHECKS = [
+    (128, [1, 17, 64, 65, 1000, 4097], 16, None),
+    (64, [0, 300, 0, 5, 2048, 63], 64, None),
+    (128, [70000], 16, None),  # one long sequence: ~130 partials a head block
+    (128, [129, 3000, 1, 777], 16, 2),  # one range a head block: everything in one program
+    (128, [129, 3000, 1, 777], 16, 7),  # not a multiple of the head blocks
+    (256, [5000] * 3 + [40], 16, 264),  # 4 head blocks, more programs than tiles
+    (128, [33] * 40, 64, None),  # many whole sequences a range
+]
+CELLS = ["b1x1K", "b1x32K", "b1x128K", "b8x1K", "b8x4K", "b32x1K", "b32x4K", "b8x32K", "b128x4K", "b256x4K",
+         "b256x32K"]
+
+
+def scattered(lengths, block_size, gen):
+    """A block table with every sequence's blocks at random places in a cache with spare blocks."""
+    per_seq = [-(-n // block_size) for n in lengths]
+    num_blocks = sum(per_seq) + 3
+    perm = torch.randperm(num_blocks, generator=gen)
+    table = torch.zeros(len(lengths), max(1, max(per_seq)), dtype=torch.int32)
+    at = 0
+    for i, nb in enumerate(per_seq):
+        table[i, :nb] = perm[at:at + nb].to(torch.int32)
+        at += nb
+    return table.cuda(), num_blocks
+
+
+def check(heads, lengths, block_size, programs, gen):
+    table, num_blocks = scattered(lengths, block_size, gen)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    q_lat = bf16(heads, len(lengths), 512).transpose(0, 1)  # the stack's layout
+    q_pe, cache, scale = bf16(len(lengths), heads, 64), bf16(num_blocks, block_size, 576), (128 + 64) ** -0.5
+
+    def run(cfg):
+        out = torch.full_like(q_lat, float("nan"))
+        return mla.mla_decode(q_lat, q_pe, cache, table, seq_lens, scale, out=out, config=cfg, num_programs=programs)
+
+    ours, triton_out = run(HOPPER), run(TRITON)
+    ref = reference.mla_decode(q_lat.float(), q_pe.float(), cache.float(), table, seq_lens, scale)
+    row = {"heads": heads, "lengths": lengths if len(lengths) < 10 else f"{len(lengths)} x {lengths[0]}",
+           "block_size": block_size, "programs": programs, "rel_err": rel_err(ours, ref),
+           "triton_rel_err": rel_err(triton_out, ref), "nan": bool(ours.isnan().any())}
+    row["ok"] = row["rel_err"] < BOUND and not row["nan"]
+    return row
+
+
+def cell(name):
+    batch, context = name[1:].split("x")
+    return Cell(grid.MLA_DECODE, int(batch), int(context[:-1]) * 1024, 1, 128, 1, 512, 64)
+
+
+def time_cell(c, bandwidth, rate, gen):
+    layers = grid.cell_layers(c, grid.GRID)
+    floor = grid.floor_ms(grid.traffic_bytes(c), grid.attention_flops(c), bandwidth, rate)
+    build = grid.mla_decode_cell(c, layers, gen)
+    err = rel_err(build["output_with"](HOPPER), build["output_with"](TRITON))
+    us = {k: bench_graph(build["with_config"](cfg), grid.replays_for(floor * layers)) / layers * 1e3
+          for k, cfg in (("hopper", HOPPER), ("triton", TRITON))}
+    return {"cell": c.name, "floor_us": floor * 1e3, **{f"{k}_us": v for k, v in us.items()},
+            "hopper_x": us["hopper"] / (floor * 1e3), "triton_x": us["triton"] / (floor * 1e3),
+            "rel_err_vs_triton": err}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", ".out"))
+    parser.add_argument("--cells", nargs="*", default=CELLS, help="128-head cells to time, as b8x4K")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    result = {"device": torch.cuda.get_device_name(), "checks": [], "cells": []}
+
+    def save():
+        with open(os.path.join(args.out, "mla_hopper_h200.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+    for heads, lengths, block_size, programs in CHECKS:
+        try:
+            row = check(heads, lengths, block_size, programs, gen)
+        except Exception as e:  # noqa: BLE001 - recorded; a fault poisons the context, so the run stops here
+            row = {"heads": heads, "lengths": str(lengths)[:60], "error": repr(e)[:300], "ok": False}
+        print("check", json.dumps(row), flush=True)
+        result["checks"].append(row)
+        save()
+        if "error" in row:
+            return 1
+    bandwidth, rate = copy_bandwidth(), matmul_rate()
+    result.update(bandwidth=bandwidth, mm_rate=rate)
+    print(f"copy {bandwidth / 1e12:.3f} TB/s, mm {rate / 1e12:.0f} TFLOP/s", flush=True)
+    for name in args.cells:
+        row = time_cell(cell(name), bandwidth, rate, gen)
+        print("cell", json.dumps(row), flush=True)
+        result["cells"].append(row)
+        save()
+    print(f"\nchecks: {sum(r['ok'] for r in result['checks'])} of {len(result['checks'])} within {BOUND}")
+    print(f"{'MLA 128h cell':22} {'floor us':>9} {'hopper us':>10} {'x':>6} {'triton us':>10} {'x':>6} {'speed-up':>8}")
+    for r in result["cells"]:
+        print(f"{r['cell']:22} {r['floor_us']:9.1f} {r['hopper_us']:10.1f} {r['hopper_x']:6.2f} {r['triton_us']:10.1f} "
+              f"{r['triton_x']:6.2f} {r['triton_us'] / r['hopper_us']:8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""MLA decode in 64-head blocks on Hopper (sm_90), in Gluon: the 128-head (V2/V3) decode, which the H200 runs
+compute-bound.
+
+Same work as kernels/mla.py's _mla_decode at 64-head blocks (same split of the tile line into ranges, same partials
+for work_split.combine_cut_units), with the layouts Triton's compiler cannot choose: Triton gives the scores'
+product all 8 warps along M when it feeds a second product, so with 64 rows both warpgroups compute the same 64 x 64
+scores (half the kernel's tensor-core work wasted; ncu, kernels_h200_2026-12-02_notes.md). Here the two warpgroups
+split the scores by key columns (32 tokens each, warps [4, 2]), and the output by latent columns (256 each); P goes
+through shared memory, into the slot of the tile's rope keys, which its scores no longer need: the query (72 KiB) and
+two 64-token latent tiles (144 KiB) fill 216 of the 227 KiB. The next tile's cp.async gather runs under this one's
+products.
+"""
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+
+from .dispatch import next_pow2, sm_count
+from .work_split import RUN_TIME_INTS, merge_partials
+
+HEAD_BLOCK, BLOCK_N, NUM_WARPS = 64, 64, 8
+
+
+def supported(q_latent, latent_cache, num_heads: int) -> bool:
+    """This kernel's shapes: a Hopper GPU, bf16, the DeepSeek latent (512 + 64), whole 64-head blocks."""
+    rank, rope = q_latent.shape[-1], latent_cache.shape[-1] - q_latent.shape[-1]
+    return (q_latent.device.type == "cuda" and torch.cuda.get_device_capability(q_latent.device)[0] == 9
+            and q_latent.dtype == latent_cache.dtype == torch.bfloat16 and (rank, rope) == (512, 64)
+            and num_heads % HEAD_BLOCK == 0)
+
+
+# The tile line of kernels/work_split.py, in Gluon's explicit layouts (Gluon cannot call Triton's jit functions).
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _range_start(j, ranges, total):
+    return (j.to(gl.int64) * total // ranges).to(gl.int32)
+
+
+@gluon.jit
+def _load_tile(k_lat, k_pe, cache_ptr, bt_row, t0, end, stride_c_block, stride_c_tok, toks, lat_cols, pe_cols,
+               RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr):
+    """Gather tokens t0.. of a sequence from their cache blocks into a tile; rows past `end` are zero-filled."""
+    tok = t0 + toks
+    valid = tok < end
+    block = gl.load(bt_row + tok // BLOCK_SIZE, mask=valid, other=0).to(gl.int64)
+    row = cache_ptr + block * stride_c_block + (tok % BLOCK_SIZE) * stride_c_tok
+    cp.async_copy_global_to_shared(k_lat, row[:, None] + lat_cols[None, :], mask=valid[:, None])
+    cp.async_copy_global_to_shared(k_pe, row[:, None] + RANK + pe_cols[None, :], mask=valid[:, None])
+
+
+@gluon.jit(do_not_specialize=RUN_TIME_INTS)
+def _mla_decode_hopper(
+    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    qk_scale, num_seqs, num_programs,
+    stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head,
+    stride_c_block, stride_c_tok,
+    stride_bt_seq,
+    stride_o_seq, stride_o_head,
+    NUM_HEAD_BLOCKS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
+):
+    """Range j of head block `pid % NUM_HEAD_BLOCKS`'s tile line, as _mla_decode."""
+    HEADS: gl.constexpr = 64
+    TILE: gl.constexpr = 64
+    line: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])  # 16-byte copies
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, 256, 16])
+    smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    q_lat_s = gl.allocate_shared_memory(gl.bfloat16, [HEADS, RANK], smem)
+    q_pe_s = gl.allocate_shared_memory(gl.bfloat16, [HEADS, ROPE], smem)
+    k_lat_s = gl.allocate_shared_memory(gl.bfloat16, [2, TILE, RANK], smem)
+    k_pe_s = gl.allocate_shared_memory(gl.bfloat16, [2, TILE, ROPE], smem)  # a tile's rope keys, then its P
+
+    pid = gl.program_id(0)
+    head_block = pid % NUM_HEAD_BLOCKS
+    seqs = gl.arange(0, SEQS_PAD, line)
+    lens = gl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
+    tiles = (lens + TILE - 1) // TILE
+    ends = gl.associative_scan(tiles, 0, _add)
+    total = gl.sum(tiles, 0)
+    ranges = gl.maximum(1, gl.minimum(num_programs // NUM_HEAD_BLOCKS, total // MIN_TILES))
+    j = pid // NUM_HEAD_BLOCKS
+    first = _range_start(gl.minimum(j, ranges), ranges, total)
+    last = _range_start(gl.minimum(j + 1, ranges), ranges, total)
+
+    q_heads = head_block * HEADS + gl.arange(0, HEADS, gl.SliceLayout(1, ld))
+    toks = gl.arange(0, TILE, gl.SliceLayout(1, ld))
+    lat_cols = gl.arange(0, RANK, gl.SliceLayout(0, ld))
+    pe_cols = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
+    o_rows = gl.arange(0, HEADS, gl.SliceLayout(1, o_layout))
+    o_cols = gl.arange(0, RANK, gl.SliceLayout(0, o_layout))
+    s_cols = gl.arange(0, TILE, gl.SliceLayout(0, s_layout))
+
+    x = first
+    while x < last:
+        # the sequence holding tile x, and this range's part of it
+        seq = gl.sum((ends <= x).to(gl.int32), 0)
+        here = seqs == seq
+        n = gl.sum(gl.where(here, tiles, 0), 0)
+        seq_end = gl.sum(gl.where(here, ends, 0), 0)
+        seq_len = gl.sum(gl.where(here, lens, 0), 0)
+        t_first = x - (seq_end - n)
+        seg_end = gl.minimum(last, seq_end)
+        count = seg_end - x
+        start = t_first * TILE
+        end = gl.minimum((t_first + count) * TILE, seq_len)
+        bt_row = block_table_ptr + seq * stride_bt_seq
+
+        cp.async_copy_global_to_shared(q_lat_s, q_latent_ptr + seq * stride_ql_seq
+                                       + q_heads[:, None] * stride_ql_head + lat_cols[None, :])
+        cp.async_copy_global_to_shared(q_pe_s, q_pe_ptr + seq * stride_qp_seq
+                                       + q_heads[:, None] * stride_qp_head + pe_cols[None, :])
+        _load_tile(k_lat_s.index(0), k_pe_s.index(0), cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok,
+                   toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
+        cp.commit_group()
+        if count > 1:
+            _load_tile(k_lat_s.index(1), k_pe_s.index(1), cache_ptr, bt_row, start + TILE, end, stride_c_block,
+                       stride_c_tok, toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
+        cp.commit_group()  # one group a tile, empty or not: wait_group(1) is then always this tile's
+
+        m = gl.full([HEADS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_acc = gl.zeros([HEADS, TILE], gl.float32, s_layout)  # row sums, reduced once at the end
+        acc = gl.zeros([HEADS, RANK], gl.float32, o_layout)
+        for i in range(0, count):
+            buf = i % 2
+            k_lat = k_lat_s.index(buf)
+            k_pe = k_pe_s.index(buf)
+            cp.wait_group(1)
+            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+            gl.thread_barrier()
+            s = warpgroup_mma(q_lat_s, k_lat.permute((1, 0)), gl.zeros([HEADS, TILE], gl.float32, s_layout),
+                              is_async=True)
+            s = warpgroup_mma(q_pe_s, k_pe.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(0, deps=[s])
+            valid = (start + i * TILE + s_cols) < end
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m, gl.max(s, axis=1))
+            alpha = gl.exp2(m - m_new)
+            p = gl.exp2(s - m_new[:, None])
+            l_acc = l_acc * alpha[:, None] + p
+            m = m_new
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            gl.thread_barrier()  # both warpgroups' scores have read the rope keys P replaces
+            k_pe.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma(k_pe, k_lat, acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            gl.thread_barrier()  # the buffer is free for tile i + 2
+            if i + 2 < count:
+                _load_tile(k_lat, k_pe, cache_ptr, bt_row, start + (i + 2) * TILE, end, stride_c_block, stride_c_tok,
+                           toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
+            cp.commit_group()
+
+        l_out = gl.convert_layout(gl.sum(l_acc, axis=1), gl.SliceLayout(1, o_layout))
+        o = acc / l_out[:, None]
+        if (t_first == 0) & (count == n):
+            o_ptrs = out_ptr + seq * stride_o_seq + (head_block * HEADS + o_rows)[:, None] * stride_o_head
+            gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16))
+        else:
+            # slot 0 for the range's first sequence, 1 for its last (work_split.store_range_result)
+            at = (pid * 2 + (x != first).to(gl.int32)) * HEADS + o_rows
+            gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o)
+            gl.store(part_lse_ptr + at, gl.convert_layout(m, gl.SliceLayout(1, o_layout)) + gl.log2(l_out))
+        x = seg_end
+
+
+def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
+                      num_programs=None):
+    """Launch over one wave (one program a multiprocessor: 216 KiB of shared memory each), then merge the partials.
+    qk_scale: the softmax scale times log2(e)."""
+    num_seqs, num_heads, rank = q_latent.shape
+    units = num_heads // HEAD_BLOCK
+    if num_programs is None:
+        num_programs = sm_count(q_latent.device)
+    num_programs = units * max(1, num_programs // units)  # whole ranges per head block
+    seqs_pad = max(16, next_pow2(num_seqs))
+    part_out = torch.empty(num_programs * 2 * HEAD_BLOCK * rank, device=q_latent.device, dtype=torch.float32)
+    part_lse = torch.empty(num_programs * 2 * HEAD_BLOCK, device=q_latent.device, dtype=torch.float32)
+    _mla_decode_hopper[(num_programs,)](
+        q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
+        qk_scale, num_seqs, num_programs,
+        q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
+        latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
+        NUM_HEAD_BLOCKS=units, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
+        MIN_TILES=min_tiles, num_warps=NUM_WARPS)
+    merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=HEAD_BLOCK,
+                   head_dim=rank, block_n=BLOCK_N, seqs_pad=seqs_pad, min_tiles=min_tiles)
+    return out
