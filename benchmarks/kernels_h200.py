@@ -32,7 +32,7 @@ replays, 10 s of fp32 checks), so the grid is not trimmed; the budget's default 
 
 --config-sweep [SWEEP ...] also times kernel configs (SWEEPS, every one unless named) on some grid cells, each
 variant checked against the default's output, and prints a table per sweep, best worst case first: dense prefill's
-(32), MLA prefill's absorbed (8) and decompressed (24) on their prefill cells, MLA decode's (8 at 16 heads, 6 at 128)
+(32), MLA prefill's absorbed (8) and decompressed (24) on their prefill cells, MLA decode's (8 at 16 heads, 5 at 128)
 at 1K and 4K for 8, 32 and 256 sequences and on one long sequence (64K at 16 heads, 128K at 128), dense decode's
 (8) on six cells (swept_decode_cells). Estimated at about 5 more minutes for all (~150 compiles at ~2 s, ~60 s of
 replays).
@@ -466,14 +466,15 @@ SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the c
         for block_n, warps, stages, maxnreg in ((64, 4, 2, None), (64, 4, 3, None), (64, 4, 3, 128),
                                                 (64, 4, 2, 128), (32, 4, 2, None), (32, 4, 4, 128), (64, 4, 4, None),
                                                 (128, 4, 2, None))]),
-    # head block, key tile, warps, stages, min_tiles: the default; no spills in the loop (ptxas, sm_90): 32-head blocks
-    # on mma.sync, 64-head blocks on two warpgroups' wgmma (1.27 against the default's 1.69 ms at b256 x 4K under
-    # ncu); longer ranges (a 64-head block's partial, 128 KiB, outweighs the 72 KiB latent tile)
+    # head block, key tile, warps, stages, min_tiles, hopper: the default (kernels/mla_hopper.py) and longer ranges (a
+    # 64-head block's partial, 128 KiB, outweighs the 72 KiB latent tile); Triton's _mla_decode at 64-head blocks on two
+    # warpgroups' wgmma (the default before mla_hopper) and at 32-head blocks on mma.sync
     "mla-decode-128": ("MLA decode, 128 heads", mla.MANY_HEADS_CONFIG, [
         {**mla.MANY_HEADS_CONFIG, "head_block": hb, "block_n": block_n, "num_warps": warps, "num_stages": stages,
-         "min_tiles": min_tiles}
-        for hb, block_n, warps, stages, min_tiles in ((64, 64, 8, 2, 2), (64, 64, 8, 2, 4), (64, 64, 8, 2, 8),
-                                                      (64, 64, 8, 2, 16), (64, 64, 8, 2, 32), (32, 64, 4, 2, 2))]),
+         "min_tiles": min_tiles, "hopper": hopper}
+        for hb, block_n, warps, stages, min_tiles, hopper in (
+            (64, 64, 8, 2, 2, True), (64, 64, 8, 2, 4, True), (64, 64, 8, 2, 8, True), (64, 64, 8, 2, 2, False),
+            (32, 64, 4, 2, 2, False))]),
 }
 
 

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
 from .dot import dot, softmax_update
-from .mla_hopper import mla_decode_hopper, supported as hopper_supported
+from . import mla_hopper
 from .prefill import prefill_grid, prefill_program, prefill_rows
 from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
                          tile_line)
@@ -46,8 +46,10 @@ MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block"
 # 20 cells (kernels_h200_2026-12-02_*_grid-8 against *_grid-6-serial), this kernel being bound by issuing instructions.
 # min_tiles 2 still: 8 trades b8 x 1K (15.7x of the floor against 10.0x) for b32 x 1K and b8 x 4K, 16 and 32 lose
 # everywhere (a range a sequence: too few programs; grid-9).
+# hopper: on an sm_90 GPU, kernels/mla_hopper.py (Gluon) in place of _mla_decode, same tiles and split: 1.18-1.53x
+# faster on 11 128-head cells of issue 14's grid (b256 x 4K 1121 -> 766 us; mla_hopper_h200_2026-12-02_*_run-1).
 MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
-                     "split_tail": True}
+                     "split_tail": True, "hopper": True}
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator). Of 24 configs on a 4K prompt at 16 heads (same run), the fastest: 14.0x of the floor against 28.0x.
 PREFILL_CONFIG = {"rows": 32, "block_n": 64, "num_warps": 4, "num_stages": 2}
@@ -268,9 +270,10 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if on_gpu and cfg.get("maxnreg"):
         consts["maxnreg"] = cfg["maxnreg"]
-    if cfg.get("hopper") and hopper_supported(q_latent, latent_cache, num_heads):
-        return mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
-                                 min_tiles=cfg["min_tiles"], num_programs=num_programs)
+    if cfg.get("hopper") and (cfg["head_block"], cfg["block_n"]) == (mla_hopper.HEAD_BLOCK, mla_hopper.BLOCK_N) \
+            and mla_hopper.supported(q_latent, latent_cache, num_heads):
+        return mla_hopper.mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
+                                            min_tiles=cfg["min_tiles"], num_programs=num_programs)
 
     def args(programs, part_out, part_lse):
         return (q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,

@@ -10,6 +10,8 @@ through shared memory, into the slot of the tile's rope keys, which its scores n
 two 64-token latent tiles (144 KiB) fill 216 of the 227 KiB. The next tile's cp.async gather runs under this one's
 products.
 """
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -25,9 +27,14 @@ HEAD_BLOCK, BLOCK_N, NUM_WARPS = 64, 64, 8
 def supported(q_latent, latent_cache, num_heads: int) -> bool:
     """This kernel's shapes: a Hopper GPU, bf16, the DeepSeek latent (512 + 64), whole 64-head blocks."""
     rank, rope = q_latent.shape[-1], latent_cache.shape[-1] - q_latent.shape[-1]
-    return (q_latent.device.type == "cuda" and torch.cuda.get_device_capability(q_latent.device)[0] == 9
+    return (q_latent.device.type == "cuda" and _is_hopper(q_latent.device.index)
             and q_latent.dtype == latent_cache.dtype == torch.bfloat16 and (rank, rope) == (512, 64)
             and num_heads % HEAD_BLOCK == 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_hopper(device_index) -> bool:  # asked once a device: this runs inside every decode step
+    return torch.cuda.get_device_capability(device_index)[0] == 9
 
 
 # The tile line of kernels/work_split.py, in Gluon's explicit layouts (Gluon cannot call Triton's jit functions).

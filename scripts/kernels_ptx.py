@@ -24,12 +24,13 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import JITFunction
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kernel_sass  # noqa: E402
-from kernels import (activation, cache_write, decode, mla, mla_mha, moe, norm, prefill, rotary, router,  # noqa: E402
-                     skinny_gemm)
+from kernels import (activation, cache_write, decode, mla, mla_hopper, mla_mha, moe, norm, prefill,  # noqa: E402
+                     rotary, router, skinny_gemm)
 
 H200 = GPUTarget("cuda", 90, 32)
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}
@@ -85,7 +86,8 @@ def compile_kernel(kernel: JITFunction, values: dict, options: dict):
     fixed = {kernel.arg_names[i] if isinstance(i, int) else i for i in kernel.do_not_specialize}  # never specialized
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
              if name not in constexprs and name not in fixed and divisible_by_16(values[name])}
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=H200, options=options)
+    source = GluonASTSource if kernel.is_gluon() else ASTSource
+    return triton.compile(source(kernel, signature, constexprs, attrs), target=H200, options=options)
 
 
 def stable_ptx(ptx: str) -> str:
@@ -126,6 +128,10 @@ def launches() -> dict[str, tuple]:
         "mla 128 heads, 64-head blocks on 8 warps, GPU tiles": lambda: mla.mla_decode(
             torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
             0.072, num_programs=4, config=mla.MANY_HEADS_CONFIG),
+        # the GPU path only (Gluon: the interpreter cannot run it), called directly with the CPU's tensors
+        "mla 128 heads, Hopper 64-head blocks (Gluon)": lambda: mla_hopper.mla_decode_hopper(
+            torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
+            0.1, torch.empty(seqs, 128, 512, dtype=bf16), min_tiles=2, num_programs=4),
         "mla prefill 16 heads, rank 512 + rope 64": lambda: mla.mla_prefill(
             torch.randn(14, 16, 512, dtype=bf16), torch.randn(14, 16, 64, dtype=bf16), latent, table, cu_q, lens,
             0.072, max_q_len=8, config=mla.PREFILL_CONFIG),
