@@ -273,8 +273,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     if cfg.get("hopper") and (cfg["head_block"], cfg["block_n"]) == (mla_hopper.HEAD_BLOCK, mla_hopper.BLOCK_N) \
             and mla_hopper.supported(q_latent, latent_cache, num_heads):
         return mla_hopper.mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
-                                            min_tiles=cfg["min_tiles"], overlap=cfg.get("overlap", False),
-                                            num_programs=num_programs)
+                                            min_tiles=cfg["min_tiles"], num_programs=num_programs)
 
     def args(programs, part_out, part_lse):
         return (q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,

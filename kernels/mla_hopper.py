@@ -90,7 +90,7 @@ def _mla_decode_hopper(
     stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, OVERLAP: gl.constexpr,
+    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
 ):
     """Range j of head block `pid % NUM_HEAD_BLOCKS`'s tile line, as _mla_decode."""
     HEADS: gl.constexpr = 64
@@ -158,19 +158,13 @@ def _mla_decode_hopper(
         m = gl.full([HEADS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_acc = gl.zeros([HEADS, TILE], gl.float32, s_layout)  # row sums, reduced once at the end
         acc = gl.zeros([HEADS, RANK], gl.float32, o_layout)
-        if OVERLAP:  # the first tile's scores here; each later tile's queued behind the previous tile's P x V
-            cp.wait_group(1)
-            _tile_landed()
-            s = warpgroup_mma_wait(0, deps=[_scores(q_lat_s, q_pe_s, k_lat_s.index(0), k_pe_s.index(0), HEADS, TILE,
-                                                    s_layout)])
         for i in range(0, count):
             buf = i % 2
             k_lat = k_lat_s.index(buf)
             k_pe = k_pe_s.index(buf)
-            if not OVERLAP:
-                cp.wait_group(1)
-                _tile_landed()
-                s = warpgroup_mma_wait(0, deps=[_scores(q_lat_s, q_pe_s, k_lat, k_pe, HEADS, TILE, s_layout)])
+            cp.wait_group(1)
+            _tile_landed()
+            s = warpgroup_mma_wait(0, deps=[_scores(q_lat_s, q_pe_s, k_lat, k_pe, HEADS, TILE, s_layout)])
             valid = (start + i * TILE + s_cols) < end
             s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
             m_new = gl.maximum(m, gl.max(s, axis=1))
@@ -183,31 +177,13 @@ def _mla_decode_hopper(
             k_pe.store(p.to(gl.bfloat16))
             fence_async_shared()
             gl.thread_barrier()
-            if OVERLAP:
-                if i + 1 < count:
-                    pv = warpgroup_mma(k_pe, k_lat, acc, is_async=True)
-                    cp.wait_group(0)
-                    _tile_landed()
-                    s_next = _scores(q_lat_s, q_pe_s, k_lat_s.index(1 - buf), k_pe_s.index(1 - buf), HEADS, TILE,
-                                     s_layout)
-                    acc = warpgroup_mma_wait(1, deps=[pv])  # this tile's P x V done, the next one's scores not
-                    gl.thread_barrier()  # the buffer is free for tile i + 2
-                    if i + 2 < count:
-                        _load_tile(k_lat, k_pe, cache_ptr, blocks_next, start + (i + 2) * TILE, end, stride_c_block,
-                                   stride_c_tok, toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
-                    cp.commit_group()
-                    blocks_next = _tile_blocks(bt_row, start + (i + 3) * TILE, end, toks, BLOCK_SIZE)
-                    s = warpgroup_mma_wait(0, deps=[s_next])
-                else:
-                    acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_pe, k_lat, acc, is_async=True)])
-            else:
-                acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_pe, k_lat, acc, is_async=True)])
-                gl.thread_barrier()  # the buffer is free for tile i + 2
-                if i + 2 < count:
-                    _load_tile(k_lat, k_pe, cache_ptr, blocks_next, start + (i + 2) * TILE, end, stride_c_block,
-                               stride_c_tok, toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
-                cp.commit_group()
-                blocks_next = _tile_blocks(bt_row, start + (i + 3) * TILE, end, toks, BLOCK_SIZE)
+            acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_pe, k_lat, acc, is_async=True)])
+            gl.thread_barrier()  # the buffer is free for tile i + 2
+            if i + 2 < count:
+                _load_tile(k_lat, k_pe, cache_ptr, blocks_next, start + (i + 2) * TILE, end, stride_c_block,
+                           stride_c_tok, toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
+            cp.commit_group()
+            blocks_next = _tile_blocks(bt_row, start + (i + 3) * TILE, end, toks, BLOCK_SIZE)
 
         l_out = gl.convert_layout(gl.sum(l_acc, axis=1), gl.SliceLayout(1, o_layout))
         o = acc / l_out[:, None]
@@ -223,7 +199,7 @@ def _mla_decode_hopper(
 
 
 def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      overlap=False, num_programs=None):
+                      num_programs=None):
     """Launch over one wave (one program a multiprocessor: 216 KiB of shared memory each), then merge the partials.
     qk_scale: the softmax scale times log2(e)."""
     num_seqs, num_heads, rank = q_latent.shape
@@ -240,7 +216,7 @@ def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
         NUM_HEAD_BLOCKS=units, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
-        MIN_TILES=min_tiles, OVERLAP=overlap, num_warps=NUM_WARPS)
+        MIN_TILES=min_tiles, num_warps=NUM_WARPS)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=HEAD_BLOCK,
                    head_dim=rank, block_n=BLOCK_N, seqs_pad=seqs_pad, min_tiles=min_tiles)
     return out
