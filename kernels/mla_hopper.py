@@ -45,6 +45,15 @@ def _add(a, b):
 
 
 @gluon.jit
+def _tile_line(seq_lens_ptr, num_seqs, TILE: gl.constexpr, SEQS_PAD: gl.constexpr, line: gl.constexpr):
+    """Per sequence: length, tiles, and where its stretch of a unit's line ends; the line's length."""
+    seqs = gl.arange(0, SEQS_PAD, line)
+    lens = gl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
+    tiles = (lens + TILE - 1) // TILE
+    return seqs, lens, tiles, gl.associative_scan(tiles, 0, _add), gl.sum(tiles, 0)
+
+
+@gluon.jit
 def _range_start(j, ranges, total):
     return (j.to(gl.int64) * total // ranges).to(gl.int32)
 
@@ -109,11 +118,7 @@ def _mla_decode_hopper(
 
     pid = gl.program_id(0)
     head_block = pid % NUM_HEAD_BLOCKS
-    seqs = gl.arange(0, SEQS_PAD, line)
-    lens = gl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
-    tiles = (lens + TILE - 1) // TILE
-    ends = gl.associative_scan(tiles, 0, _add)
-    total = gl.sum(tiles, 0)
+    seqs, lens, tiles, ends, total = _tile_line(seq_lens_ptr, num_seqs, TILE, SEQS_PAD, line)
     ranges = gl.maximum(1, gl.minimum(num_programs // NUM_HEAD_BLOCKS, total // MIN_TILES))
     j = pid // NUM_HEAD_BLOCKS
     first = _range_start(gl.minimum(j, ranges), ranges, total)
@@ -157,7 +162,7 @@ def _mla_decode_hopper(
         blocks_next = _tile_blocks(bt_row, start + 2 * TILE, end, toks, BLOCK_SIZE)
 
         m = gl.full([HEADS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l_acc = gl.zeros([HEADS, TILE], gl.float32, s_layout)  # row sums, reduced once at the end
+        l = gl.zeros([HEADS], gl.float32, gl.SliceLayout(1, s_layout))
         acc = gl.zeros([HEADS, RANK], gl.float32, o_layout)
         for i in range(0, count):
             buf = i % 2
@@ -174,11 +179,11 @@ def _mla_decode_hopper(
             # quarter of the loop's instructions: ncu, kernels_h200_2026-12-02_notes.md).
             if gl.max((m_new > m + RESCALE_SLACK).to(gl.int32), axis=0) > 0:
                 alpha = gl.exp2(m - m_new)
-                l_acc = l_acc * alpha[:, None]
+                l = l * alpha
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
                 m = m_new
             p = gl.exp2(s - m[:, None])
-            l_acc = l_acc + p
+            l = l + gl.sum(p, axis=1)
             gl.thread_barrier()  # both warpgroups' scores have read the rope keys P replaces
             k_pe.store(p.to(gl.bfloat16))
             fence_async_shared()
@@ -191,7 +196,7 @@ def _mla_decode_hopper(
             cp.commit_group()
             blocks_next = _tile_blocks(bt_row, start + (i + 3) * TILE, end, toks, BLOCK_SIZE)
 
-        l_out = gl.convert_layout(gl.sum(l_acc, axis=1), gl.SliceLayout(1, o_layout))
+        l_out = gl.convert_layout(l, gl.SliceLayout(1, o_layout))
         o = acc / l_out[:, None]
         if (t_first == 0) & (count == n):
             o_ptrs = out_ptr + seq * stride_o_seq + (head_block * HEADS + o_rows)[:, None] * stride_o_head
@@ -213,7 +218,8 @@ def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
     if num_programs is None:
         num_programs = sm_count(q_latent.device)
     num_programs = units * max(1, num_programs // units)  # whole ranges per head block
-    seqs_pad = max(16, next_pow2(num_seqs))
+    # ptxas spills the tile loop at 16 and 32 padded sequences (55 local loads a tile at 16, none from 64 to 1024)
+    seqs_pad = max(64, next_pow2(num_seqs))
     part_out = torch.empty(num_programs * 2 * HEAD_BLOCK * rank, device=q_latent.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * HEAD_BLOCK, device=q_latent.device, dtype=torch.float32)
     _mla_decode_hopper[(num_programs,)](
@@ -224,5 +230,5 @@ def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
         NUM_HEAD_BLOCKS=units, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
         MIN_TILES=min_tiles, num_warps=NUM_WARPS)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=HEAD_BLOCK,
-                   head_dim=rank, block_n=BLOCK_N, seqs_pad=seqs_pad, min_tiles=min_tiles)
+                   head_dim=rank, block_n=BLOCK_N, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles)
     return out
