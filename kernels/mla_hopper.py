@@ -22,7 +22,6 @@ from .dispatch import next_pow2, sm_count
 from .work_split import RUN_TIME_INTS, merge_partials
 
 HEAD_BLOCK, BLOCK_N, NUM_WARPS = 64, 64, 8
-RESCALE_SLACK = gl.constexpr(8.0)  # log2 units: see the tile loop
 
 
 def supported(q_latent, latent_cache, num_heads: int) -> bool:
@@ -42,15 +41,6 @@ def _is_hopper(device_index) -> bool:  # asked once a device: this runs inside e
 @gluon.jit
 def _add(a, b):
     return a + b
-
-
-@gluon.jit
-def _tile_line(seq_lens_ptr, num_seqs, TILE: gl.constexpr, SEQS_PAD: gl.constexpr, line: gl.constexpr):
-    """Per sequence: length, tiles, and where its stretch of a unit's line ends; the line's length."""
-    seqs = gl.arange(0, SEQS_PAD, line)
-    lens = gl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
-    tiles = (lens + TILE - 1) // TILE
-    return seqs, lens, tiles, gl.associative_scan(tiles, 0, _add), gl.sum(tiles, 0)
 
 
 @gluon.jit
@@ -118,7 +108,11 @@ def _mla_decode_hopper(
 
     pid = gl.program_id(0)
     head_block = pid % NUM_HEAD_BLOCKS
-    seqs, lens, tiles, ends, total = _tile_line(seq_lens_ptr, num_seqs, TILE, SEQS_PAD, line)
+    seqs = gl.arange(0, SEQS_PAD, line)
+    lens = gl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
+    tiles = (lens + TILE - 1) // TILE
+    ends = gl.associative_scan(tiles, 0, _add)
+    total = gl.sum(tiles, 0)
     ranges = gl.maximum(1, gl.minimum(num_programs // NUM_HEAD_BLOCKS, total // MIN_TILES))
     j = pid // NUM_HEAD_BLOCKS
     first = _range_start(gl.minimum(j, ranges), ranges, total)
@@ -162,7 +156,7 @@ def _mla_decode_hopper(
         blocks_next = _tile_blocks(bt_row, start + 2 * TILE, end, toks, BLOCK_SIZE)
 
         m = gl.full([HEADS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-        l = gl.zeros([HEADS], gl.float32, gl.SliceLayout(1, s_layout))
+        l_acc = gl.zeros([HEADS, TILE], gl.float32, s_layout)  # row sums, reduced once at the end
         acc = gl.zeros([HEADS, RANK], gl.float32, o_layout)
         for i in range(0, count):
             buf = i % 2
@@ -174,16 +168,11 @@ def _mla_decode_hopper(
             valid = (start + i * TILE + s_cols) < end
             s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
             m_new = gl.maximum(m, gl.max(s, axis=1))
-            # The running max moves only when a row's grows past it by RESCALE_SLACK: exponentials up to 2^8 stay exact
-            # enough in float32 and bf16, and most tiles skip the accumulator's rescale (128 multiplies a thread, a
-            # quarter of the loop's instructions: ncu, kernels_h200_2026-12-02_notes.md).
-            if gl.max((m_new > m + RESCALE_SLACK).to(gl.int32), axis=0) > 0:
-                alpha = gl.exp2(m - m_new)
-                l = l * alpha
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                m = m_new
-            p = gl.exp2(s - m[:, None])
-            l = l + gl.sum(p, axis=1)
+            alpha = gl.exp2(m - m_new)
+            p = gl.exp2(s - m_new[:, None])
+            l_acc = l_acc * alpha[:, None] + p
+            m = m_new
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             gl.thread_barrier()  # both warpgroups' scores have read the rope keys P replaces
             k_pe.store(p.to(gl.bfloat16))
             fence_async_shared()
@@ -196,7 +185,7 @@ def _mla_decode_hopper(
             cp.commit_group()
             blocks_next = _tile_blocks(bt_row, start + (i + 3) * TILE, end, toks, BLOCK_SIZE)
 
-        l_out = gl.convert_layout(l, gl.SliceLayout(1, o_layout))
+        l_out = gl.convert_layout(gl.sum(l_acc, axis=1), gl.SliceLayout(1, o_layout))
         o = acc / l_out[:, None]
         if (t_first == 0) & (count == n):
             o_ptrs = out_ptr + seq * stride_o_seq + (head_block * HEADS + o_rows)[:, None] * stride_o_head
@@ -218,7 +207,8 @@ def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
     if num_programs is None:
         num_programs = sm_count(q_latent.device)
     num_programs = units * max(1, num_programs // units)  # whole ranges per head block
-    # ptxas spills the tile loop at 16 and 32 padded sequences (55 local loads a tile at 16, none from 64 to 1024)
+    # ptxas rematerializes in the tile loop at 16 and 32 padded sequences (725 instructions a tile, not 552; with the
+    # run-3 code it spilled there: 55 local loads a tile at 16), not from 64 to 1024
     seqs_pad = max(64, next_pow2(num_seqs))
     part_out = torch.empty(num_programs * 2 * HEAD_BLOCK * rank, device=q_latent.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * HEAD_BLOCK, device=q_latent.device, dtype=torch.float32)
