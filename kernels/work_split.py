@@ -107,6 +107,22 @@ def store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, hea
         tl.store(part_lse_ptr + at, m + tl.log2(l), mask=row_mask)
 
 
+@triton.jit
+def _partial_at(j, j_first, first_slot, unit, rows, UNITS: tl.constexpr, ROWS: tl.constexpr):
+    """Where program j's partial of a sequence is (rows of the unit): slot 1 of the first where its range began
+    before the sequence, else slot 0."""
+    slot = tl.where(j == j_first, first_slot, 0)
+    return ((j * UNITS + unit) * 2 + slot) * ROWS + rows
+
+
+@triton.jit
+def _partial_lse(part_lse_ptr, j, j_first, j_last, first_slot, unit, rows, row_mask, UNITS: tl.constexpr,
+                 ROWS: tl.constexpr):
+    """Program j's log-sum-exp of the sequence's rows; -inf past the last program."""
+    return tl.load(part_lse_ptr + _partial_at(j, j_first, first_slot, unit, rows, UNITS, ROWS),
+                   mask=(j <= j_last) & row_mask, other=float("-inf"))
+
+
 @triton.jit(do_not_specialize=RUN_TIME_INTS[:2])
 def combine_cut_units(
     part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_seqs, num_programs,
@@ -143,20 +159,27 @@ def combine_cut_units(
             m = tl.full([ROW_BLOCK], float("-inf"), tl.float32)
             w = tl.zeros([ROW_BLOCK], tl.float32)
             acc = tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32)
+            # J_BLOCK partials a step, unrolled, one [rows, columns] tile each: the sum over them stays in each thread
+            # (as one [J, rows, columns] tile it went across warps through shared memory, at 193 registers a thread:
+            # 2 programs a multiprocessor; ncu, decode_ncu_2026-12-02_*_combine-mla128-b32x1K.txt)
             for j0 in range(j_first, j_last + 1, J_BLOCK):
-                js = j0 + tl.arange(0, J_BLOCK)
-                slot = tl.where(js == j_first, first_slot, 0)
-                at = ((js * UNITS + unit) * 2 + slot)[:, None] * ROWS + rows[None, :]  # [J, rows]
-                held = (js <= j_last)[:, None] & row_mask[None, :]
-                lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
-                o = tl.load(part_out_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
-                            mask=held[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0)
-                m_new = tl.maximum(m, tl.max(lse, 0))
+                m_new = m
+                for jj in tl.static_range(J_BLOCK):
+                    m_new = tl.maximum(m_new, _partial_lse(part_lse_ptr, j0 + jj, j_first, j_last, first_slot, unit,
+                                                           rows, row_mask, UNITS, ROWS))
                 m_new = tl.where(row_mask, m_new, 0.0)  # padding rows: no -inf - -inf
                 alpha = tl.exp2(m - m_new)
-                p = tl.exp2(lse - m_new[None, :])  # [J, rows]
-                acc = acc * alpha[:, None] + tl.sum(o * p[:, :, None], 0)
-                w = w * alpha + tl.sum(p, 0)
+                acc = acc * alpha[:, None]
+                w = w * alpha
+                for jj in tl.static_range(J_BLOCK):
+                    j = j0 + jj
+                    p = tl.exp2(_partial_lse(part_lse_ptr, j, j_first, j_last, first_slot, unit, rows, row_mask, UNITS,
+                                             ROWS) - m_new)
+                    at = _partial_at(j, j_first, first_slot, unit, rows, UNITS, ROWS)
+                    o = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :],
+                                mask=(j <= j_last) & mask, other=0.0)
+                    acc += o * p[:, None]
+                    w += p
                 m = m_new
             w = tl.where(row_mask, w, 1.0)
             tl.store(o_ptrs, (acc / w[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
