@@ -27,12 +27,13 @@ from .dispatch import next_pow2, sm_count
 # warm-up missed it (the H200's cold-cache runs compiled 14 such variants of _decode, _prefill and combine_cut_units:
 # benchmarks/results/triton_compiles_2026-12-01_nvidia-h200_cold-cache.jsonl). Not specialized: one variant each.
 RUN_TIME_INTS = ["num_seqs", "num_programs", "stride_bt_seq"]
-COMBINE_DIM_BLOCK = 64  # output columns per combine program: more programs, a small [J, rows, 64] tile
+COMBINE_DIM_BLOCK = 64  # output columns per combine program: more programs, a small [rows, 64] tile
 # Rows of a unit one combine program merges at most: MLA's 32- and 64-head blocks would hold a [J_BLOCK, rows, 64]
 # float32 tile of 128-256 registers a thread (ptxas: the 64-row combine spills), so their rows go to more programs.
 COMBINE_MAX_ROWS = 16
-# [J, rows, columns] a program holds at most: 32 float32 a thread, ~128 registers. At 8192 (8 x 16 x 64), 248 registers
-# and 2 programs a multiprocessor: 128 MLA heads x 32 sequences merged in 52 us (kernels_h200_2026-12-02_*_grid-5).
+# [J, rows, columns] a program loads a step at most (one tile, or J unrolled): 32 float32 a thread. At 8192 (8 x 16 x
+# 64) as one tile, 248 registers and 2 programs a multiprocessor: 128 MLA heads x 32 sequences merged in 52 us
+# (kernels_h200_2026-12-02_*_grid-5).
 COMBINE_MAX_TILE = 4096
 # A few sequences cut into hundreds of ranges (one long sequence) leave a grid of (sequence, unit, row block, column
 # block) too few programs to merge them: on the H200 one 64K MLA sequence's 396 partials took 8 programs ~190 us.
@@ -45,6 +46,11 @@ COMBINE_MAX_TILE = 4096
 # family, each slower somewhere (kernels_h200_2026-12-02_*_grid-11-per-sm-*: 128h b8 x 4K 1.14x at 4).
 COMBINE_PROGRAMS_PER_SM = 1
 COMBINE_ROW_SPLIT, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 64
+# Up to this many partials a step, each is its own [rows, columns] tile, unrolled (few registers: 128 MLA heads x 32
+# sequences 27 -> 7.7 us, x 8 16 -> 5.4 us, GQA 28/4 x 32 5.6 -> 3.2 us); above it they are one [J, rows, columns]
+# tile spread over the threads, which one long sequence's hundreds of partials need (unrolled 64 a step, one 32K
+# sequence at 16 MLA heads took 17.7 us, not 8.6; kernels_h200_2026-12-02_*_grid-13).
+COMBINE_UNROLL_J = 16
 
 
 @triton.jit
@@ -129,7 +135,7 @@ def combine_cut_units(
     stride_o_seq, stride_o_head,
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
-    J_BLOCK: tl.constexpr, MIN_TILES: tl.constexpr,
+    J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, MIN_TILES: tl.constexpr,
 ):
     """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
     unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
@@ -159,27 +165,41 @@ def combine_cut_units(
             m = tl.full([ROW_BLOCK], float("-inf"), tl.float32)
             w = tl.zeros([ROW_BLOCK], tl.float32)
             acc = tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32)
-            # J_BLOCK partials a step, unrolled, one [rows, columns] tile each: the sum over them stays in each thread
-            # (as one [J, rows, columns] tile it went across warps through shared memory, at 193 registers a thread:
-            # 2 programs a multiprocessor; ncu, decode_ncu_2026-12-02_*_combine-mla128-b32x1K.txt)
             for j0 in range(j_first, j_last + 1, J_BLOCK):
-                m_new = m
-                for jj in tl.static_range(J_BLOCK):
-                    m_new = tl.maximum(m_new, _partial_lse(part_lse_ptr, j0 + jj, j_first, j_last, first_slot, unit,
-                                                           rows, row_mask, UNITS, ROWS))
-                m_new = tl.where(row_mask, m_new, 0.0)  # padding rows: no -inf - -inf
-                alpha = tl.exp2(m - m_new)
-                acc = acc * alpha[:, None]
-                w = w * alpha
-                for jj in tl.static_range(J_BLOCK):
-                    j = j0 + jj
-                    p = tl.exp2(_partial_lse(part_lse_ptr, j, j_first, j_last, first_slot, unit, rows, row_mask, UNITS,
-                                             ROWS) - m_new)
-                    at = _partial_at(j, j_first, first_slot, unit, rows, UNITS, ROWS)
-                    o = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :],
-                                mask=(j <= j_last) & mask, other=0.0)
-                    acc += o * p[:, None]
-                    w += p
+                if UNROLL:
+                    # the step's partials one [rows, columns] tile each, the sum over them in each thread: as one [J,
+                    # rows, columns] tile Triton reduced it across warps through shared memory, at 193 registers a
+                    # thread for 4 x 16 x 64 (2 programs a multiprocessor; decode_ncu_2026-12-02_*_combine-*)
+                    m_new = m
+                    for jj in tl.static_range(J_BLOCK):
+                        m_new = tl.maximum(m_new, _partial_lse(part_lse_ptr, j0 + jj, j_first, j_last, first_slot,
+                                                               unit, rows, row_mask, UNITS, ROWS))
+                    m_new = tl.where(row_mask, m_new, 0.0)  # padding rows: no -inf - -inf
+                    alpha = tl.exp2(m - m_new)
+                    acc = acc * alpha[:, None]
+                    w = w * alpha
+                    for jj in tl.static_range(J_BLOCK):
+                        j = j0 + jj
+                        p = tl.exp2(_partial_lse(part_lse_ptr, j, j_first, j_last, first_slot, unit, rows, row_mask,
+                                                 UNITS, ROWS) - m_new)
+                        at = _partial_at(j, j_first, first_slot, unit, rows, UNITS, ROWS)
+                        o = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :],
+                                    mask=(j <= j_last) & mask, other=0.0)
+                        acc += o * p[:, None]
+                        w += p
+                else:
+                    # many partials a step (few sequences cut into many ranges): spread over the threads
+                    js = j0 + tl.arange(0, J_BLOCK)
+                    at = _partial_at(js[:, None], j_first, first_slot, unit, rows[None, :], UNITS, ROWS)  # [J, rows]
+                    held = (js <= j_last)[:, None] & row_mask[None, :]
+                    lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
+                    o = tl.load(part_out_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
+                                mask=held[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0)
+                    m_new = tl.where(row_mask, tl.maximum(m, tl.max(lse, 0)), 0.0)
+                    alpha = tl.exp2(m - m_new)
+                    p = tl.exp2(lse - m_new[None, :])  # [J, rows]
+                    acc = acc * alpha[:, None] + tl.sum(o * p[:, :, None], 0)
+                    w = w * alpha + tl.sum(p, 0)
                 m = m_new
             w = tl.where(row_mask, w, 1.0)
             tl.store(o_ptrs, (acc / w[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
@@ -215,6 +235,6 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
         HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
-        MIN_TILES=min_tiles,
+        UNROLL=j_block <= COMBINE_UNROLL_J, MIN_TILES=min_tiles,
         num_warps=4,
     )

@@ -46,14 +46,17 @@ def test_any_split_of_the_work_gives_the_same_answer(num_programs, min_tiles):
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
+@pytest.mark.parametrize("unroll_j", [0, 64], ids=["partials-as-one-tile", "partials-unrolled"])
 @pytest.mark.parametrize("per_sm", [0, 1, 10**6], ids=["all-rows", "rows-halved", "least-blocks"])
 @pytest.mark.parametrize("min_tiles", [1, 3])  # 20 ranges of a tile; 6 ranges of 3-4 tiles
-def test_one_long_sequence_merged_from_many_partials(monkeypatch, min_tiles, per_sm):
+def test_one_long_sequence_merged_from_many_partials(monkeypatch, min_tiles, per_sm, unroll_j):
     """The combine's grains as in test_kernel_decode: 16 rows in one program, halved to 4 (the CPU's 4
-    multiprocessors), 2 rows and the least columns. Every range lies inside the sequence: one partial each."""
+    multiprocessors), 2 rows and the least columns; a step's partials as one tile or unrolled. Every range lies
+    inside the sequence: one partial each."""
     from kernels import work_split
 
     monkeypatch.setattr(work_split, "COMBINE_PROGRAMS_PER_SM", per_sm)
+    monkeypatch.setattr(work_split, "COMBINE_UNROLL_J", unroll_j)
     case = make_case(4, 16, 16, [16 * 19 + 5])  # 20 tiles of 16 tokens on the CPU, one head block
     out = mla_decode(*case, out=poisoned(case[0]), num_programs=19, config={"min_tiles": min_tiles})
     assert_close(out, fp32_reference(*case))
