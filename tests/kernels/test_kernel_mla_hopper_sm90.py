@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+pytest.importorskip("triton.experimental.gluon")
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
 import json, sys, torch
