@@ -248,12 +248,12 @@ def decode_config(num_heads: int) -> dict:
     return DEFAULT_CONFIG if num_heads <= 16 else MID_HEADS_CONFIG if num_heads <= 32 else MANY_HEADS_CONFIG
 
 
-def _hopper_takes(cfg, q_latent, latent_cache, num_heads) -> bool:
+def _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads) -> bool:
     """Whether kernels/mla_hopper.py runs this call: asked for (config hopper), its tiles, a GPU and shapes it
     runs."""
     return (mla_hopper is not None and cfg.get("hopper", False)
             and (cfg["head_block"], cfg["block_n"]) == (mla_hopper.HEAD_BLOCK, mla_hopper.BLOCK_N)
-            and mla_hopper.supported(q_latent, latent_cache, num_heads))
+            and mla_hopper.supported(q_latent, q_pe, latent_cache, num_heads))
 
 
 def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
@@ -282,7 +282,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if on_gpu and cfg.get("maxnreg"):
         consts["maxnreg"] = cfg["maxnreg"]
-    if _hopper_takes(cfg, q_latent, latent_cache, num_heads):
+    if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads):
         return mla_hopper.mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
                                             min_tiles=cfg["min_tiles"], num_programs=num_programs)
 

@@ -147,12 +147,12 @@ def test_the_hopper_kernel_takes_only_its_own_tiles_where_it_runs(monkeypatch):
     64-token tiles, on a GPU and shapes it supports, and never where Triton has no Gluon to import."""
     from kernels import mla
 
-    q, cache = torch.zeros(1, 128, 512), torch.zeros(1, 16, 576)
-    assert not mla._hopper_takes(mla.MANY_HEADS_CONFIG, q, cache, 128)  # a CPU tensor
+    q, q_pe, cache = torch.zeros(1, 128, 512), torch.zeros(1, 128, 64), torch.zeros(1, 16, 576)
+    assert not mla._hopper_takes(mla.MANY_HEADS_CONFIG, q, q_pe, cache, 128)  # a CPU tensor
     monkeypatch.setattr(mla.mla_hopper, "supported", lambda *args: True)
-    assert mla._hopper_takes(mla.MANY_HEADS_CONFIG, q, cache, 128)
+    assert mla._hopper_takes(mla.MANY_HEADS_CONFIG, q, q_pe, cache, 128)
     for other in ({"hopper": False}, {"head_block": 32}, {"block_n": 32}):
-        assert not mla._hopper_takes({**mla.MANY_HEADS_CONFIG, **other}, q, cache, 128), other
-    assert not mla._hopper_takes(mla.DEFAULT_CONFIG, q, cache, 16)
+        assert not mla._hopper_takes({**mla.MANY_HEADS_CONFIG, **other}, q, q_pe, cache, 128), other
+    assert not mla._hopper_takes(mla.DEFAULT_CONFIG, q, q_pe, cache, 16)
     monkeypatch.setattr(mla, "mla_hopper", None)
-    assert not mla._hopper_takes(mla.MANY_HEADS_CONFIG, q, cache, 128)
+    assert not mla._hopper_takes(mla.MANY_HEADS_CONFIG, q, q_pe, cache, 128)
