@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 
 import torch
@@ -76,8 +77,11 @@ def check(heads, lengths, block_size, programs, gen):
 
 
 def cell(name):
-    batch, context = name[1:].split("x")
-    return Cell(grid.MLA_DECODE, int(batch), int(context[:-1]) * 1024, 1, 128, 1, 512, 64)
+    """b<batch>x<context>K, as b8x4K: a 128-head MLA decode cell (argparse's type: a bad name is a usage error)."""
+    found = re.fullmatch(r"b(\d+)x(\d+)K", name)
+    if not found:
+        raise argparse.ArgumentTypeError(f"{name!r} is not a cell: b<batch>x<context>K, as b8x4K")
+    return Cell(grid.MLA_DECODE, int(found[1]), int(found[2]) * 1024, 1, 128, 1, 512, 64)
 
 
 def time_cell(c, bandwidth, rate, gen):
@@ -97,7 +101,8 @@ def time_cell(c, bandwidth, rate, gen):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"))
-    parser.add_argument("--cells", nargs="*", default=CELLS, help="128-head cells to time, as b8x4K")
+    parser.add_argument("--cells", nargs="*", type=cell, default=[cell(name) for name in CELLS],
+                        help="128-head cells to time, as b8x4K")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
@@ -121,8 +126,8 @@ def main():
     bandwidth, rate = copy_bandwidth(), matmul_rate()
     result.update(bandwidth=bandwidth, mm_rate=rate)
     print(f"copy {bandwidth / 1e12:.3f} TB/s, mm {rate / 1e12:.0f} TFLOP/s", flush=True)
-    for name in args.cells:
-        row = time_cell(cell(name), bandwidth, rate, gen)
+    for c in args.cells:
+        row = time_cell(c, bandwidth, rate, gen)
         print("cell", json.dumps(row), flush=True)
         result["cells"].append(row)
         save()
