@@ -8,8 +8,8 @@ scores (half the kernel's tensor-core work wasted; ncu, kernels_h200_2026-12-02_
 split the scores by key columns (32 tokens each, warps [4, 2]), and the output by latent columns (256 each); P goes
 through shared memory, into the slot of the tile's rope keys, which its scores no longer need: the query (72 KiB) and
 two 64-token latent tiles (144 KiB) fill 216 of the 227 KiB. The next tile's cp.async gather runs under this one's
-products. On an H200, 1.13-1.56x faster than _mla_decode on 11 128-head cells
-(benchmarks/results/mla_hopper_h200_2026-12-02_*); its answers there are checked by benchmarks/mla_hopper_h200.py,
+products. On an H200, 1.14-1.56x faster than _mla_decode on 11 128-head cells
+(benchmarks/results/mla_hopper_h200_2026-12-02_*_run-5); its answers there are checked by benchmarks/mla_hopper_h200.py,
 as Triton's interpreter cannot run Gluon.
 """
 import functools
