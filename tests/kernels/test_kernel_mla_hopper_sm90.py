@@ -1,7 +1,7 @@
 """The Gluon MLA decode (kernels/mla_hopper.py) as the H200 would run it, on this CPU machine: its tile loop keeps
-every value in registers. The kernel sits at ptxas's 255-register edge: a change of the loop (session 15's lazy
-rescale) or of the batch's padding (16 sequences) made ptxas spill there, 55 local loads a tile and 1.3-1.7x the
-time on the H200 (benchmarks/results/kernels_h200_2026-12-02_notes.md). The interpreter cannot run Gluon, so the
+every value in registers. The kernel sits at ptxas's 255-register edge: session 15's lazy rescale, at 16 padded
+sequences, made ptxas spill there (55 local loads a tile, 1.3-1.7x the time on the H200), and the kept loop at 16
+rematerializes (725 instructions a tile, not 552; benchmarks/results/kernels_h200_2026-12-02_notes.md). The interpreter cannot run Gluon, so the
 GPU's answers are checked by benchmarks/mla_hopper_h200.py; this checks the code ptxas makes of it, in a child
 process because this folder's kernels are defined under TRITON_INTERPRET."""
 import json
