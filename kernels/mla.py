@@ -271,6 +271,9 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     out = torch.empty_like(q_latent) if out is None else out
     if num_seqs == 0:
         return out
+    if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads):
+        return mla_hopper.mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
+                                            min_tiles=cfg["min_tiles"], num_programs=num_programs)
     head_block = min(cfg["head_block"], max(16, next_pow2(num_heads)))
     num_head_blocks = triton.cdiv(num_heads, head_block)
     block_n = cfg["block_n"] if on_gpu else 16  # the interpreter runs small tiles faster
@@ -282,9 +285,6 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if on_gpu and cfg.get("maxnreg"):
         consts["maxnreg"] = cfg["maxnreg"]
-    if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads):
-        return mla_hopper.mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
-                                            min_tiles=cfg["min_tiles"], num_programs=num_programs)
 
     def args(programs, part_out, part_lse):
         return (q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
