@@ -271,6 +271,10 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     out = torch.empty_like(q_latent) if out is None else out
     if num_seqs == 0:
         return out
+    if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads) and cfg.get("seesaw"):
+        from .mla_seesaw import mla_decode_seesaw  # work in progress: never run on a GPU yet
+        return mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
+                                 min_tiles=cfg["min_tiles"], num_programs=num_programs)
     if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads):
         return mla_hopper.mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
                                             min_tiles=cfg["min_tiles"], num_programs=num_programs)

@@ -1,0 +1,336 @@
+"""WORK IN PROGRESS, never run on a GPU: MLA decode in 64-head blocks on Hopper, FlashMLA's seesaw in Gluon.
+
+kernels/mla_hopper.py splits each tile's scores between its two warpgroups at n32 (the query re-read from shared
+memory for every 32 keys) and overlaps nothing with the tensor cores (ncu: 42% busy; kernels_h200_2026-12-02_notes.md,
+"Next: the seesaw"). Here two 4-warp partitions (gl.warp_specialize) each own every other 64-token tile of a segment:
+partition 0 the even tiles in buffer 0, partition 1 the odd ones in buffer 1. Each loads its own tiles (cp.async,
+arriving on the buffer's `ready` mbarrier as the copies land), scores them at n64, and keeps 256 of the 512 output
+columns (0 the first half, 1 the second). Per pair of tiles (A even, B odd):
+  0: S_A, m_A = max(m, rowmax S_A), P_A -> A's rope slot, m_A -> shared; arrive pa.  O_L = O_L a_A + P_A V_A[L].
+  1: S_B; wait pa; m_B = max(m_A, rowmax S_B), P_B -> B's rope slot, m_B -> shared; arrive pb.
+     O_R = (O_R a_A + P_A V_A[R]) a_B + P_B V_B[R].
+  0: wait pb; O_L = O_L a_B + P_B V_B[L].
+  both: arrive `free` of both buffers; each waits its own buffer free before loading its next tile into it.
+Row sums: each partition its own tiles', in the same frame; added through shared memory at a segment's end. The query
+is loaded by partition 0 once partition 1 has scored its last tile of the previous segment (q_free).
+Same tile line, ranges and partials as kernels/mla.py's _mla_decode, merged by work_split.combine_cut_units.
+Expected from the ncu numbers: ~1.5x faster than mla_hopper where compute-bound, if the copies keep up; the next tile
+of a buffer can only load once both partitions are done with it, so a next step is waiting on 64-column chunks.
+Untested: the phases of every mbarrier, the register budget (240 a thread), the race-free reuse of the rope slot.
+"""
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .dispatch import next_pow2, sm_count
+from .mla_hopper import HEAD_BLOCK, _add, _load_tile, _range_start, _tile_blocks
+from .work_split import RUN_TIME_INTS, merge_partials
+
+TILE, PART_WARPS, WORKER_REGS = 64, 4, 240
+PART_WARPS_C = gl.constexpr(PART_WARPS)
+WORKER_REGS_C = gl.constexpr(WORKER_REGS)
+
+
+@gluon.jit
+def _tile_line(seq_lens_ptr, num_seqs, TILE_N: gl.constexpr, SEQS_PAD: gl.constexpr, line: gl.constexpr):
+    """Per sequence: length, tiles, and where its stretch of a unit's line ends; the line's length."""
+    seqs = gl.arange(0, SEQS_PAD, line)
+    lens = gl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
+    tiles = (lens + TILE_N - 1) // TILE_N
+    return seqs, lens, tiles, gl.associative_scan(tiles, 0, _add), gl.sum(tiles, 0)
+
+
+@gluon.jit
+def _own_tile(ME: gl.constexpr, i, k_lat_s, k_pe_s, ready, free, fills, cache_ptr, bt_row, start, end,
+              stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr):
+    """Load tile i (this partition's) into buffer ME once both partitions are done with its last tile; the copies
+    arrive on `ready` as they land. Returns the buffer's fills so far."""
+    toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
+    lat_cols = gl.arange(0, RANK, gl.SliceLayout(0, ld))
+    pe_cols = gl.arange(0, 64, gl.SliceLayout(0, ld))
+    if fills > 0:
+        mbarrier.wait(free, (fills - 1) & 1)
+    t0 = start + i * 64
+    _load_tile(k_lat_s.index(ME), k_pe_s.index(ME), cache_ptr, _tile_blocks(bt_row, t0, end, toks, BLOCK_SIZE), t0,
+               end, stride_c_block, stride_c_tok, toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
+    cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
+    return fills + 1
+
+
+@gluon.jit
+def _seesaw_partition(
+    ME: gl.constexpr, smem, bars,
+    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    qk_scale, num_seqs, num_programs,
+    stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
+    stride_o_seq, stride_o_head,
+    NUM_HEAD_BLOCKS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
+):
+    HEADS: gl.constexpr = 64
+    HALF: gl.constexpr = RANK // 2
+    line: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, 256, 16])
+    p_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_lat_s, q_pe_s, k_lat_s, k_pe_s, m_s, l_s = smem
+    q_ready, q_free, ready, free, pa, pb, l_ready = bars
+
+    pid = gl.program_id(0)
+    head_block = pid % NUM_HEAD_BLOCKS
+    seqs, lens, tiles, ends, total = _tile_line(seq_lens_ptr, num_seqs, 64, SEQS_PAD, line)
+    ranges = gl.maximum(1, gl.minimum(num_programs // NUM_HEAD_BLOCKS, total // MIN_TILES))
+    j = pid // NUM_HEAD_BLOCKS
+    first = _range_start(gl.minimum(j, ranges), ranges, total)
+    last = _range_start(gl.minimum(j + 1, ranges), ranges, total)
+    q_heads = head_block * HEADS + gl.arange(0, HEADS, gl.SliceLayout(1, ld))
+    lat_cols = gl.arange(0, RANK, gl.SliceLayout(0, ld))
+    pe_cols = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
+    s_cols = gl.arange(0, 64, gl.SliceLayout(0, s_layout))
+    o_rows = gl.arange(0, HEADS, rows_o)
+    o_cols = ME * HALF + gl.arange(0, HALF, gl.SliceLayout(0, o_layout))
+    v_own = k_lat_s.index(ME).slice(ME * HALF, HALF, dim=1)  # this partition's columns of each buffer's latent
+    v_other = k_lat_s.index(1 - ME).slice(ME * HALF, HALF, dim=1)
+
+    # Every count below follows the same schedule in both partitions, so each knows every mbarrier's phase.
+    segments = 0
+    fills_0 = 0  # loads into buffer 0 so far (partition 0's tiles), and into buffer 1
+    fills_1 = 0
+    pairs_a = 0  # arrivals on pa, on pb so far
+    pairs_b = 0
+    x = first
+    while x < last:
+        seq = gl.sum((ends <= x).to(gl.int32), 0)
+        here = seqs == seq
+        n = gl.sum(gl.where(here, tiles, 0), 0)
+        seq_end = gl.sum(gl.where(here, ends, 0), 0)
+        seq_len = gl.sum(gl.where(here, lens, 0), 0)
+        t_first = x - (seq_end - n)
+        seg_end = gl.minimum(last, seq_end)
+        count = seg_end - x
+        start = t_first * 64
+        end = gl.minimum((t_first + count) * 64, seq_len)
+        bt_row = block_table_ptr + seq * stride_bt_seq
+
+        if ME == 0:
+            if segments > 0:
+                mbarrier.wait(q_free, (segments - 1) & 1)  # partition 1 has scored its last tile with the old query
+            cp.async_copy_global_to_shared(q_lat_s.index(0), q_latent_ptr + seq * stride_ql_seq
+                                           + q_heads[:, None] * stride_ql_head + lat_cols[None, :])
+            cp.async_copy_global_to_shared(q_pe_s.index(0), q_pe_ptr + seq * stride_qp_seq
+                                           + q_heads[:, None] * stride_qp_head + pe_cols[None, :])
+            cp.mbarrier_arrive(q_ready, increment_count=False)
+            fills_0 = _own_tile(0, 0, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0, cache_ptr, bt_row,
+                                start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+        else:
+            fills_0 += 1  # partition 0's load of tile 0, counted here too
+            if count > 1:
+                fills_1 = _own_tile(1, 1, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1, cache_ptr, bt_row,
+                                    start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+        if ME == 0:
+            if count > 1:
+                fills_1 += 1
+        mbarrier.wait(q_ready, segments & 1)
+
+        m = gl.full([HEADS], float("-inf"), gl.float32, rows_s)
+        l = gl.zeros([HEADS], gl.float32, rows_s)  # this partition's tiles' row sums, in the frame of m
+        acc = gl.zeros([HEADS, HALF], gl.float32, o_layout)
+        for k in range(0, (count + 1) // 2):
+            has_b = 2 * k + 1 < count
+            # z: 0, but not provably: the scores' 72 wgmma descriptors (64-bit) are then made at each pair, not
+            # hoisted out of the loop and held (ptxas: 255 registers, 45 local loads a pair)
+            z = k >> 30
+            q_lat = q_lat_s.index(z)
+            q_pe = q_pe_s.index(z)
+            if ME == 0:
+                mbarrier.wait(ready.index(0), (fills_0 - 1) & 1)
+                fence_async_shared()  # the copies' data, for the async proxy (wgmma)
+                s = warpgroup_mma(q_lat, k_lat_s.index(z).permute((1, 0)),
+                                  gl.zeros([HEADS, 64], gl.float32, s_layout), is_async=True)
+                s = warpgroup_mma_wait(0, deps=[warpgroup_mma(q_pe, k_pe_s.index(z).permute((1, 0)), s,
+                                                              is_async=True)])
+                s = gl.where(((start + 2 * k * 64 + s_cols) < end)[None, :], s * qk_scale, float("-inf"))
+                m_a = gl.maximum(m, gl.max(s, axis=1))
+                alpha_a = gl.exp2(m - m_a)
+                p = gl.exp2(s - m_a[:, None])
+                l = l * alpha_a + gl.sum(p, axis=1)
+                p16 = p.to(gl.bfloat16)
+                m_s.index(0).store(m_a)
+                k_pe_s.index(0).store(p16)  # its scores are done with the rope keys
+                fence_async_shared()
+                gl.thread_barrier()
+                mbarrier.arrive(pa, count=1)
+                acc = acc * gl.convert_layout(alpha_a, rows_o)[:, None]
+                pv = warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc, is_async=True)
+                m = m_a
+                if has_b:
+                    mbarrier.wait(pb, pairs_b & 1)
+                    mbarrier.wait(ready.index(1), (fills_1 - 1) & 1)  # B's latent
+                    fence_async_shared()
+                    m_b = m_s.index(1).load(rows_s)
+                    alpha_b = gl.exp2(m - m_b)
+                    acc = warpgroup_mma_wait(0, deps=[pv]) * gl.convert_layout(alpha_b, rows_o)[:, None]
+                    acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_pe_s.index(1), v_other, acc, is_async=True)])
+                    l = l * alpha_b
+                    m = m_b
+                else:
+                    acc = warpgroup_mma_wait(0, deps=[pv])
+            else:
+                s = gl.zeros([HEADS, 64], gl.float32, s_layout)
+                if has_b:
+                    mbarrier.wait(ready.index(1), (fills_1 - 1) & 1)
+                    fence_async_shared()
+                    s = warpgroup_mma(q_lat, k_lat_s.index(1 + z).permute((1, 0)),
+                                      gl.zeros([HEADS, 64], gl.float32, s_layout), is_async=True)
+                    s = warpgroup_mma_wait(0, deps=[warpgroup_mma(q_pe, k_pe_s.index(1 + z).permute((1, 0)), s,
+                                                                  is_async=True)])
+                    if 2 * k + 3 >= count:
+                        mbarrier.arrive(q_free, count=1)  # its last scores of the segment: the query may go
+                mbarrier.wait(pa, pairs_a & 1)
+                m_a = m_s.index(0).load(rows_s)
+                alpha_a = gl.exp2(m - m_a)
+                mbarrier.wait(ready.index(0), (fills_0 - 1) & 1)  # A's latent, for its P x V
+                fence_async_shared()
+                acc = acc * gl.convert_layout(alpha_a, rows_o)[:, None]
+                pv = warpgroup_mma(k_pe_s.index(0), v_other, acc, is_async=True)
+                l = l * alpha_a
+                m = m_a
+                if has_b:
+                    s = gl.where(((start + (2 * k + 1) * 64 + s_cols) < end)[None, :], s * qk_scale, float("-inf"))
+                    m_b = gl.maximum(m, gl.max(s, axis=1))
+                    alpha_b = gl.exp2(m - m_b)
+                    p = gl.exp2(s - m_b[:, None])
+                    l = l * alpha_b + gl.sum(p, axis=1)
+                    p16 = p.to(gl.bfloat16)
+                    m_s.index(1).store(m_b)
+                    k_pe_s.index(1).store(p16)
+                    fence_async_shared()
+                    gl.thread_barrier()
+                    mbarrier.arrive(pb, count=1)
+                    acc = warpgroup_mma_wait(0, deps=[pv]) * gl.convert_layout(alpha_b, rows_o)[:, None]
+                    acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc,
+                                                                    is_async=True)])
+                    m = m_b
+                else:
+                    acc = warpgroup_mma_wait(0, deps=[pv])
+                    if count == 1:
+                        mbarrier.arrive(q_free, count=1)  # one tile: none of its own to score
+            # both buffers' P x V done here: free them, then load this partition's next tile into its own
+            mbarrier.arrive(free.index(0), count=1)
+            if has_b:
+                mbarrier.arrive(free.index(1), count=1)
+            pairs_a += 1
+            if has_b:
+                pairs_b += 1
+            nxt = 2 * k + 2 + ME
+            if ME == 0:
+                if nxt < count:
+                    fills_0 = _own_tile(0, nxt, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0, cache_ptr,
+                                        bt_row, start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+                if nxt + 1 < count:
+                    fills_1 += 1
+            else:
+                if nxt < count:
+                    fills_1 = _own_tile(1, nxt, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1, cache_ptr,
+                                        bt_row, start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+                if nxt - 1 < count:
+                    fills_0 += 1
+
+        # the row sums of both partitions' tiles, through shared memory
+        l_s.index(ME).store(l)
+        gl.thread_barrier()
+        mbarrier.arrive(l_ready.index(ME), count=1)
+        mbarrier.wait(l_ready.index(1 - ME), segments & 1)
+        l_all = gl.convert_layout(l + l_s.index(1 - ME).load(rows_s), rows_o)
+        o = acc / l_all[:, None]
+        if (t_first == 0) & (count == n):
+            o_ptrs = out_ptr + seq * stride_o_seq + (head_block * HEADS + o_rows)[:, None] * stride_o_head
+            gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16))
+        else:
+            at = (pid * 2 + (x != first).to(gl.int32)) * HEADS + o_rows
+            gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o)
+            if ME == 0:
+                gl.store(part_lse_ptr + at, gl.convert_layout(m, rows_o) + gl.log2(l_all))
+        segments += 1
+        x = seg_end
+
+
+@gluon.jit(do_not_specialize=RUN_TIME_INTS)
+def _mla_decode_seesaw(
+    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    qk_scale, num_seqs, num_programs,
+    stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head,
+    stride_c_block, stride_c_tok,
+    stride_bt_seq,
+    stride_o_seq, stride_o_head,
+    NUM_HEAD_BLOCKS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
+):
+    smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    q_lat_s = gl.allocate_shared_memory(gl.bfloat16, [1, 64, RANK], smem_layout)
+    q_pe_s = gl.allocate_shared_memory(gl.bfloat16, [1, 64, ROPE], smem_layout)
+    k_lat_s = gl.allocate_shared_memory(gl.bfloat16, [2, 64, RANK], smem_layout)
+    k_pe_s = gl.allocate_shared_memory(gl.bfloat16, [2, 64, ROPE], smem_layout)  # a tile's rope keys, then its P
+    m_s = gl.allocate_shared_memory(gl.float32, [2, 64], flat)  # m after tile A, after tile B
+    l_s = gl.allocate_shared_memory(gl.float32, [2, 64], flat)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pa = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    pb = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=32 * PART_WARPS_C)  # cp.async arrivals: every thread of partition 0
+    mbarrier.init(q_free, count=1)
+    for b in gl.static_range(2):
+        mbarrier.init(ready.index(b), count=32 * PART_WARPS_C)
+        mbarrier.init(free.index(b), count=2)  # both partitions
+        mbarrier.init(l_ready.index(b), count=1)
+    mbarrier.init(pa, count=1)
+    mbarrier.init(pb, count=1)
+    smem = (q_lat_s, q_pe_s, k_lat_s, k_pe_s, m_s, l_s)
+    bars = (q_ready, q_free, ready, free, pa, pb, l_ready)
+    # the argument tuples written out: a tuple built by `+` passes its constexprs on as plain values
+    gl.warp_specialize([
+        (_seesaw_partition, (0, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
+                             part_out_ptr, part_lse_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
+                             stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
+                             stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
+                             MIN_TILES)),
+        (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
+                             part_out_ptr, part_lse_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
+                             stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
+                             stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
+                             MIN_TILES)),
+    ], [PART_WARPS_C], [WORKER_REGS_C])
+
+
+def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
+                      num_programs=None):
+    """As mla_hopper.mla_decode_hopper, with the seesaw kernel."""
+    num_seqs, num_heads, rank = q_latent.shape
+    units = num_heads // HEAD_BLOCK
+    if num_programs is None:
+        num_programs = sm_count(q_latent.device)
+    num_programs = units * max(1, num_programs // units)
+    seqs_pad = max(64, next_pow2(num_seqs))
+    part_out = torch.empty(num_programs * 2 * HEAD_BLOCK * rank, device=q_latent.device, dtype=torch.float32)
+    part_lse = torch.empty(num_programs * 2 * HEAD_BLOCK, device=q_latent.device, dtype=torch.float32)
+    _mla_decode_seesaw[(num_programs,)](
+        q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
+        qk_scale, num_seqs, num_programs,
+        q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
+        latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
+        NUM_HEAD_BLOCKS=units, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
+        MIN_TILES=min_tiles, num_warps=PART_WARPS)
+    merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=HEAD_BLOCK,
+                   head_dim=rank, block_n=TILE, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles)
+    return out
