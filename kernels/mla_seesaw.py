@@ -243,12 +243,14 @@ def _seesaw_partition(
                 if nxt - 1 < count:
                     fills_0 += 1
 
-        # the row sums of both partitions' tiles, through shared memory
-        l_s.index(ME).store(l)
+        # the row sums of both partitions' tiles, through shared memory; slots by the segment's parity, since one
+        # partition may run a whole one-tile segment before the other reads (scripts/seesaw_protocol_check.py)
+        par = (segments & 1) * 2
+        l_s.index(par + ME).store(l)
         gl.thread_barrier()
-        mbarrier.arrive(l_ready.index(ME), count=1)
-        mbarrier.wait(l_ready.index(1 - ME), segments & 1)
-        l_all = gl.convert_layout(l + l_s.index(1 - ME).load(rows_s), rows_o)
+        mbarrier.arrive(l_ready.index(par + ME), count=1)
+        mbarrier.wait(l_ready.index(par + 1 - ME), (segments >> 1) & 1)
+        l_all = gl.convert_layout(l + l_s.index(par + 1 - ME).load(rows_s), rows_o)
         o = acc / l_all[:, None]
         if (t_first == 0) & (count == n):
             o_ptrs = out_ptr + seq * stride_o_seq + (head_block * HEADS + o_rows)[:, None] * stride_o_head
@@ -280,19 +282,20 @@ def _mla_decode_seesaw(
     k_lat_s = gl.allocate_shared_memory(gl.bfloat16, [2, 64, RANK], smem_layout)
     k_pe_s = gl.allocate_shared_memory(gl.bfloat16, [2, 64, ROPE], smem_layout)  # a tile's rope keys, then its P
     m_s = gl.allocate_shared_memory(gl.float32, [2, 64], flat)  # m after tile A, after tile B
-    l_s = gl.allocate_shared_memory(gl.float32, [2, 64], flat)
+    l_s = gl.allocate_shared_memory(gl.float32, [4, 64], flat)  # [segment parity][partition]
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     pa = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     pb = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    l_ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=32 * PART_WARPS_C)  # cp.async arrivals: every thread of partition 0
     mbarrier.init(q_free, count=1)
     for b in gl.static_range(2):
         mbarrier.init(ready.index(b), count=32 * PART_WARPS_C)
         mbarrier.init(free.index(b), count=2)  # both partitions
+    for b in gl.static_range(4):
         mbarrier.init(l_ready.index(b), count=1)
     mbarrier.init(pa, count=1)
     mbarrier.init(pb, count=1)

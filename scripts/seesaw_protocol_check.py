@@ -39,24 +39,28 @@ class Barrier:
 
 
 class Slot:
-    """Shared data: written by one side, read by the other; a write while a read of the last value is pending fails."""
+    """Shared data: written by one side, read by the other; a write while a read of the last value is pending fails.
+    A message (m, l) must also be read by the other side before its next write."""
 
-    def __init__(self, name):
-        self.name, self.version, self.readers = name, 0, set()
+    def __init__(self, name, message=False):
+        self.name, self.version, self.readers, self.message, self.unread = name, 0, set(), message, False
 
     def write(self, who):
         assert not self.readers, f"{self.name}: {who} overwrote it while {self.readers} still read it"
+        assert not self.unread, f"{self.name}: {who} overwrote it before the other side read it"
         self.version += 1
+        self.unread = self.message
 
     def begin_read(self, who):
         self.readers.add(who)
+        self.unread = False
 
     def end_read(self, who):
         self.readers.discard(who)
 
 
-def jitter():
-    time.sleep(random.random() * 1e-4)
+def jitter(most=1e-4):
+    time.sleep(random.random() * most)
 
 
 def partition(me, counts, b, s):
@@ -145,11 +149,13 @@ def partition(me, counts, b, s):
                     fills[1] = own_tile(1, b, s, fills[1])
                 if nxt - 1 < count:
                     fills[0] += 1
-        s[f"l{me}"].write(me)
-        b[f"l_ready{me}"].arrive()
-        b[f"l_ready{1 - me}"].wait(segments & 1, segments + 1)
-        s[f"l{1 - me}"].begin_read(me)
-        s[f"l{1 - me}"].end_read(me)
+        par = segments & 1  # l and l_ready by the segment's parity: a partition may end its next segment first
+        s[f"l{par}{me}"].write(me)
+        b[f"l_ready{par}{me}"].arrive()
+        jitter(2e-3)  # long enough for the other partition to run a one-tile segment
+        b[f"l_ready{par}{1 - me}"].wait((segments >> 1) & 1, (segments >> 1) + 1)
+        s[f"l{par}{1 - me}"].begin_read(me)
+        s[f"l{par}{1 - me}"].end_read(me)
         segments += 1
 
 
@@ -166,8 +172,10 @@ def own_tile(me, b, s, fills):
 def run(counts):
     b = {name: Barrier(name, cnt) for name, cnt in (("q_ready", 1), ("q_free", 1), ("ready0", 1), ("ready1", 1),
                                                    ("free0", 2), ("free1", 2), ("pa", 1), ("pb", 1),
-                                                   ("l_ready0", 1), ("l_ready1", 1))}
-    s = {name: Slot(name) for name in ("q", "buf0", "buf1", "p0", "p1", "m0", "m1", "l0", "l1")}
+                                                   ("l_ready00", 1), ("l_ready01", 1), ("l_ready10", 1),
+                                                   ("l_ready11", 1))}
+    s = {name: Slot(name) for name in ("q", "buf0", "buf1", "p0", "p1")}
+    s.update((name, Slot(name, message=True)) for name in ("m0", "m1", "l00", "l01", "l10", "l11"))
     errors = []
 
     def body(me):
