@@ -177,11 +177,21 @@ def _seesaw_partition(
                     m_b = m_s.index(1).load(rows_s)
                     alpha_b = gl.exp2(m - m_b)
                     acc = warpgroup_mma_wait(0, deps=[pv]) * gl.convert_layout(alpha_b, rows_o)[:, None]
-                    acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_pe_s.index(1), v_other, acc, is_async=True)])
+                    mbarrier.arrive(free.index(0), count=1)  # done with A: its next tile may load
+                    pv = warpgroup_mma(k_pe_s.index(1), v_other, acc, is_async=True)
+                    if 2 * k + 2 < count:  # the next A's copies issued while P_B x V_B runs
+                        fills_0 = _own_tile(0, 2 * k + 2, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0,
+                                            cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
+                                            BLOCK_SIZE, ld)
+                    acc = warpgroup_mma_wait(0, deps=[pv])
+                    mbarrier.arrive(free.index(1), count=1)
                     l = l * alpha_b
                     m = m_b
                 else:
                     acc = warpgroup_mma_wait(0, deps=[pv])
+                    mbarrier.arrive(free.index(0), count=1)
+                if 2 * k + 3 < count:
+                    fills_1 += 1  # partition 1's load of the next B, counted here too
             else:
                 s = gl.zeros([HEADS, 64], gl.float32, s_layout)
                 if has_b:
@@ -215,33 +225,25 @@ def _seesaw_partition(
                     gl.thread_barrier()
                     mbarrier.arrive(pb, count=1)
                     acc = warpgroup_mma_wait(0, deps=[pv]) * gl.convert_layout(alpha_b, rows_o)[:, None]
+                    mbarrier.arrive(free.index(0), count=1)  # done with A
                     acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc,
                                                                     is_async=True)])
+                    mbarrier.arrive(free.index(1), count=1)
+                    if 2 * k + 3 < count:  # its next B, once partition 0 is done with this one
+                        fills_1 = _own_tile(1, 2 * k + 3, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1,
+                                            cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
+                                            BLOCK_SIZE, ld)
                     m = m_b
                 else:
                     acc = warpgroup_mma_wait(0, deps=[pv])
+                    mbarrier.arrive(free.index(0), count=1)
                     if count == 1:
                         mbarrier.arrive(q_free, count=1)  # one tile: none of its own to score
-            # both buffers' P x V done here: free them, then load this partition's next tile into its own
-            mbarrier.arrive(free.index(0), count=1)
-            if has_b:
-                mbarrier.arrive(free.index(1), count=1)
+                if 2 * k + 2 < count:
+                    fills_0 += 1  # partition 0's load of the next A, counted here too
             pairs_a += 1
             if has_b:
                 pairs_b += 1
-            nxt = 2 * k + 2 + ME
-            if ME == 0:
-                if nxt < count:
-                    fills_0 = _own_tile(0, nxt, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0, cache_ptr,
-                                        bt_row, start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
-                if nxt + 1 < count:
-                    fills_1 += 1
-            else:
-                if nxt < count:
-                    fills_1 = _own_tile(1, nxt, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1, cache_ptr,
-                                        bt_row, start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
-                if nxt - 1 < count:
-                    fills_0 += 1
 
         # the row sums of both partitions' tiles, through shared memory; slots by the segment's parity, since one
         # partition may run a whole one-tile segment before the other reads (scripts/seesaw_protocol_check.py)

@@ -99,12 +99,21 @@ def partition(me, counts, b, s):
                     b["ready1"].wait((fills[1] - 1) & 1, fills[1])
                     s["m1"].begin_read(me)
                     s["m1"].end_read(me)
+                    s["buf0"].end_read(me)  # A's P x V done
+                    b["free0"].arrive()
                     s["buf1"].begin_read(me)  # B's P x V (left half): its latent and P
                     s["p1"].begin_read(me)
+                    if 2 * k + 2 < count:
+                        fills[0] = own_tile(0, b, s, fills[0])  # the next A, while P_B x V_B runs
                     jitter()
                     s["buf1"].end_read(me)
                     s["p1"].end_read(me)
-                s["buf0"].end_read(me)
+                    b["free1"].arrive()
+                else:
+                    s["buf0"].end_read(me)
+                    b["free0"].arrive()
+                if 2 * k + 3 < count:
+                    fills[1] += 1
             else:
                 if has_b:
                     b["ready1"].wait((fills[1] - 1) & 1, fills[1])
@@ -126,29 +135,24 @@ def partition(me, counts, b, s):
                     s["p1"].write(me)
                     b["pb"].arrive()
                     jitter()
+                    s["buf0"].end_read(me)
+                    s["p0"].end_read(me)
+                    b["free0"].arrive()
+                    jitter()
+                    s["buf1"].end_read(me)
+                    b["free1"].arrive()
+                    if 2 * k + 3 < count:
+                        fills[1] = own_tile(1, b, s, fills[1])
                 else:
+                    s["buf0"].end_read(me)
+                    s["p0"].end_read(me)
+                    b["free0"].arrive()
                     if count == 1:
                         b["q_free"].arrive()
-                s["buf0"].end_read(me)
-                s["p0"].end_read(me)
-                if has_b:
-                    s["buf1"].end_read(me)
-            b["free0"].arrive()
-            if has_b:
-                b["free1"].arrive()
+                if 2 * k + 2 < count:
+                    fills[0] += 1
             pairs_a += 1
             pairs_b += has_b
-            nxt = 2 * k + 2 + me
-            if me == 0:
-                if nxt < count:
-                    fills[0] = own_tile(0, b, s, fills[0])
-                if nxt + 1 < count:
-                    fills[1] += 1
-            else:
-                if nxt < count:
-                    fills[1] = own_tile(1, b, s, fills[1])
-                if nxt - 1 < count:
-                    fills[0] += 1
         par = segments & 1  # l and l_ready by the segment's parity: a partition may end its next segment first
         s[f"l{par}{me}"].write(me)
         b[f"l_ready{par}{me}"].arrive()
