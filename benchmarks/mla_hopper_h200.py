@@ -28,7 +28,9 @@ HOPPER = {**mla.MANY_HEADS_CONFIG, "hopper": True}
 TRITON = {**mla.MANY_HEADS_CONFIG, "hopper": False}
 # the kernel's variants checked and timed beside Triton's (the default first). Tried and dropped (2026-12-02 run-2):
 # "overlap", the next tile's scores queued behind this tile's P x V, 1.04-1.08x slower (the next copy starts later).
-VARIANTS = {"hopper": HOPPER, "seesaw": {**HOPPER, "seesaw": True}}  # seesaw: kernels/mla_seesaw.py, work in progress
+SEESAW = {**HOPPER, "seesaw": True}  # kernels/mla_seesaw.py, work in progress; prefetch: tiles ahead into L2
+VARIANTS = {"hopper": HOPPER, "seesaw": SEESAW, "seesaw-pf0": {**SEESAW, "prefetch": 0},
+            "seesaw-pf4": {**SEESAW, "prefetch": 4}, "hopper-pf2": {**HOPPER, "prefetch": 2}}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)
 CHECKS = [
     (128, [1, 17, 64, 65, 1000, 4097], 16, None),

@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .dispatch import next_pow2, sm_count
-from .mla_hopper import HEAD_BLOCK, _add, _load_tile, _range_start, _tile_blocks
+from .mla_hopper import HEAD_BLOCK, _add, _load_tile, _prefetch_tile, _range_start, _tile_blocks
 from .work_split import RUN_TIME_INTS, merge_partials
 
 TILE, PART_WARPS, WORKER_REGS = 64, 4, 240
@@ -45,7 +45,8 @@ def _tile_line(seq_lens_ptr, num_seqs, TILE_N: gl.constexpr, SEQS_PAD: gl.conste
 
 @gluon.jit
 def _own_tile(ME: gl.constexpr, i, k_lat_s, k_pe_s, ready, free, fills, cache_ptr, bt_row, start, end,
-              stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr):
+              stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr,
+              PREFETCH: gl.constexpr):
     """Load tile i (this partition's) into buffer ME once both partitions are done with its last tile; the copies
     arrive on `ready` as they land. Returns the buffer's fills so far."""
     toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
@@ -57,6 +58,9 @@ def _own_tile(ME: gl.constexpr, i, k_lat_s, k_pe_s, ready, free, fills, cache_pt
     _load_tile(k_lat_s.index(ME), k_pe_s.index(ME), cache_ptr, _tile_blocks(bt_row, t0, end, toks, BLOCK_SIZE), t0,
                end, stride_c_block, stride_c_tok, toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
     cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
+    if PREFETCH > 0:
+        _prefetch_tile(cache_ptr, bt_row, t0 + PREFETCH * 64, end, stride_c_block, stride_c_tok, BLOCK_SIZE,
+                       gl.BlockedLayout([1], [32], [4], [0]))
     return fills + 1
 
 
@@ -68,7 +72,7 @@ def _seesaw_partition(
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
+    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, PREFETCH: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -128,12 +132,12 @@ def _seesaw_partition(
                                            + q_heads[:, None] * stride_qp_head + pe_cols[None, :])
             cp.mbarrier_arrive(q_ready, increment_count=False)
             fills_0 = _own_tile(0, 0, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0, cache_ptr, bt_row,
-                                start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+                                start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, PREFETCH)
         else:
             fills_0 += 1  # partition 0's load of tile 0, counted here too
             if count > 1:
                 fills_1 = _own_tile(1, 1, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1, cache_ptr, bt_row,
-                                    start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+                                    start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, PREFETCH)
         if ME == 0:
             if count > 1:
                 fills_1 += 1
@@ -182,7 +186,7 @@ def _seesaw_partition(
                     if 2 * k + 2 < count:  # the next A's copies issued while P_B x V_B runs
                         fills_0 = _own_tile(0, 2 * k + 2, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0,
                                             cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
-                                            BLOCK_SIZE, ld)
+                                            BLOCK_SIZE, ld, PREFETCH)
                     acc = warpgroup_mma_wait(0, deps=[pv])
                     mbarrier.arrive(free.index(1), count=1)
                     l = l * alpha_b
@@ -232,7 +236,7 @@ def _seesaw_partition(
                     if 2 * k + 3 < count:  # its next B, once partition 0 is done with this one
                         fills_1 = _own_tile(1, 2 * k + 3, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1,
                                             cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
-                                            BLOCK_SIZE, ld)
+                                            BLOCK_SIZE, ld, PREFETCH)
                     m = m_b
                 else:
                     acc = warpgroup_mma_wait(0, deps=[pv])
@@ -275,7 +279,7 @@ def _mla_decode_seesaw(
     stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
+    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, PREFETCH: gl.constexpr,
 ):
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -309,18 +313,19 @@ def _mla_decode_seesaw(
                              part_out_ptr, part_lse_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES)),
+                             MIN_TILES, PREFETCH)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES)),
+                             MIN_TILES, PREFETCH)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None):
-    """As mla_hopper.mla_decode_hopper, with the seesaw kernel."""
+                      num_programs=None, prefetch=2):
+    """As mla_hopper.mla_decode_hopper, with the seesaw kernel. prefetch: how many tiles ahead of each copy the
+    cache rows are pulled into L2 (0: none)."""
     num_seqs, num_heads, rank = q_latent.shape
     units = num_heads // HEAD_BLOCK
     if num_programs is None:
@@ -335,7 +340,7 @@ def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
         NUM_HEAD_BLOCKS=units, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
-        MIN_TILES=min_tiles, num_warps=PART_WARPS)
+        MIN_TILES=min_tiles, PREFETCH=prefetch, num_warps=PART_WARPS)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=HEAD_BLOCK,
                    head_dim=rank, block_n=TILE, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles)
     return out
