@@ -1,9 +1,10 @@
-"""The Hopper MLA decode (kernels/mla_hopper.py, Gluon) on an H200, in one device call: its answers against the float32
-reference and Triton's kernel on shapes that exercise the split (odd lengths, empty sequences, one long sequence
-merged from many partials, any grid, 16- and 64-token cache blocks, the stack's transposed query layout), then its
-time beside Triton's (kernels/mla.py at the same config, hopper off) on 128-head cells of issue 14's grid, timed as
-kernels_h200.py times them (CUDA-graph replays, L2 flushed, layers' caches past L2). Triton's interpreter cannot run
-Gluon: this is the kernel's correctness test on the GPU (the CPU suite only compiles it for sm_90).
+"""The Hopper MLA decodes (Gluon: kernels/mla_seesaw.py, the default, and kernels/mla_hopper.py) on an H200, in one
+device call: their answers against the float32 reference and Triton's kernel on shapes that exercise the split (odd
+lengths, empty sequences, one long sequence merged from many partials, any grid, 16- and 64-token cache blocks, the
+stack's transposed query layout), then their time beside Triton's (kernels/mla.py at the same config, hopper off) on
+128-head cells of issue 14's grid, timed as kernels_h200.py times them (CUDA-graph replays, L2 flushed, layers' caches
+past L2). Triton's interpreter cannot run Gluon: this is the kernels' correctness test on the GPU (the CPU suite only
+compiles them for sm_90).
 
     PYTHONUNBUFFERED=1 python benchmarks/mla_hopper_h200.py [--out DIR] [--cells b8x4K ...]
 
@@ -24,13 +25,13 @@ from kernels_h200 import Cell, bench_graph, bf16, copy_bandwidth, matmul_rate, r
 from kernels import mla, reference  # noqa: E402
 
 BOUND = 0.01  # relative error of a bf16 output against the float32 reference (kernels_h200.BF16_BOUND)
-HOPPER = {**mla.MANY_HEADS_CONFIG, "hopper": True}
-TRITON = {**mla.MANY_HEADS_CONFIG, "hopper": False}
-# the kernel's variants checked and timed beside Triton's (the default first). Tried and dropped (2026-12-02 run-2):
-# "overlap", the next tile's scores queued behind this tile's P x V, 1.04-1.08x slower (the next copy starts later).
-SEESAW = {**HOPPER, "seesaw": True}  # kernels/mla_seesaw.py, work in progress; prefetch: tiles ahead into L2
-VARIANTS = {"hopper": HOPPER, "seesaw": SEESAW, "seesaw-pf0": {**SEESAW, "prefetch": 0},
-            "seesaw-pf4": {**SEESAW, "prefetch": 4}, "hopper-pf2": {**HOPPER, "prefetch": 2}}
+SEESAW = {**mla.MANY_HEADS_CONFIG, "hopper": True, "seesaw": True}  # kernels/mla_seesaw.py, the default
+HOPPER = {**SEESAW, "seesaw": False}  # kernels/mla_hopper.py, the kernel it replaced
+TRITON = {**SEESAW, "hopper": False}
+# the Gluon kernels checked and timed beside Triton's (the default first). Tried and dropped: "overlap" (2026-12-02
+# run-2), mla_hopper's next scores queued behind this tile's P x V, 1.04-1.08x slower; "prefetch" (run-9), cache rows
+# pulled into L2 (cp.async.bulk.prefetch.L2) 2 or 4 tiles ahead of their copies, 1.2-1.5x slower.
+VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)
 CHECKS = [
     (128, [1, 17, 64, 65, 1000, 4097], 16, None),

@@ -20,10 +20,10 @@ from .prefill import prefill_grid, prefill_program, prefill_rows
 from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
                          tile_line)
 
-try:  # the Hopper kernel is Gluon (triton.experimental.gluon, Triton 3.5 on): without it, _mla_decode everywhere
-    from . import mla_hopper
+try:  # the Hopper kernels are Gluon (triton.experimental.gluon, Triton 3.5 on): without it, _mla_decode everywhere
+    from . import mla_hopper, mla_seesaw
 except ImportError:
-    mla_hopper = None
+    mla_hopper = mla_seesaw = None
 
 fix_triton_interpreter()
 
@@ -52,8 +52,10 @@ MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block"
 # everywhere (a range a sequence: too few programs; grid-9).
 # hopper: on an sm_90 GPU, kernels/mla_hopper.py (Gluon) in place of _mla_decode, same tiles and split: 1.18-1.53x
 # faster on 11 128-head cells of issue 14's grid (b256 x 4K 1121 -> 766 us; mla_hopper_h200_2026-12-02_*_run-1).
+# seesaw: kernels/mla_seesaw.py in place of mla_hopper (two warp-specialized partitions on alternate tiles): 1.02-1.21x
+# faster on the same 11 cells, b256 x 4K 737 -> 618 us (1.71x -> 1.44x of the floor; *_run-9, variant seesaw-pf0).
 MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
-                     "split_tail": True, "hopper": True}
+                     "split_tail": True, "hopper": True, "seesaw": True}
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator). Of 24 configs on a 4K prompt at 16 heads (same run), the fastest: 14.0x of the floor against 28.0x.
 PREFILL_CONFIG = {"rows": 32, "block_n": 64, "num_warps": 4, "num_stages": 2}
@@ -259,7 +261,8 @@ def _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads) -> bool:
 def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
                num_programs=None):
     """Triton MLA decode. out: a buffer to write (tests poison it); config (block_n, num_warps,
-    num_stages, head_block, maxnreg, min_tiles, split_tail, hopper: kernels/mla_hopper.py where it runs) and
+    num_stages, head_block, maxnreg, min_tiles, split_tail, hopper: kernels/mla_hopper.py where it runs, seesaw:
+    kernels/mla_seesaw.py in its place) and
     num_programs override the tuned defaults (decode_config) and the grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]
@@ -271,14 +274,10 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     out = torch.empty_like(q_latent) if out is None else out
     if num_seqs == 0:
         return out
-    if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads) and cfg.get("seesaw"):
-        from .mla_seesaw import mla_decode_seesaw  # work in progress: never run on a GPU yet
-        return mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
-                                 min_tiles=cfg["min_tiles"], num_programs=num_programs, prefetch=cfg.get("prefetch", 2))
     if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads):
-        return mla_hopper.mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
-                                            min_tiles=cfg["min_tiles"], num_programs=num_programs,
-                                            prefetch=cfg.get("prefetch", 0))
+        hopper = mla_seesaw.mla_decode_seesaw if cfg.get("seesaw", False) else mla_hopper.mla_decode_hopper
+        return hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
+                      min_tiles=cfg["min_tiles"], num_programs=num_programs)
     head_block = min(cfg["head_block"], max(16, next_pow2(num_heads)))
     num_head_blocks = triton.cdiv(num_heads, head_block)
     block_n = cfg["block_n"] if on_gpu else 16  # the interpreter runs small tiles faster

@@ -24,7 +24,6 @@ from .dispatch import next_pow2, sm_count
 from .work_split import RUN_TIME_INTS, merge_partials
 
 HEAD_BLOCK, BLOCK_N, NUM_WARPS = 64, 64, 8
-NUM_WARPS_C = gl.constexpr(NUM_WARPS)
 
 
 def supported(q_latent, q_pe, latent_cache, num_heads: int) -> bool:
@@ -62,26 +61,6 @@ def _tile_blocks(bt_row, t0, end, toks, BLOCK_SIZE: gl.constexpr):
     return gl.load(bt_row + tok // BLOCK_SIZE, mask=tok < end, other=0).to(gl.int64)
 
 
-# One cache row (512 + 64 bf16, 1152 bytes, 16-byte aligned) pulled into L2 by the bulk-copy unit, if the row is in the
-# sequence; returns 0 (inline asm needs a result).
-PREFETCH_ROW_ASM = gl.constexpr("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
-                                "@p cp.async.bulk.prefetch.L2.global [$1], 1152; mov.u32 $0, 0; }")
-
-
-@gluon.jit
-def _prefetch_tile(cache_ptr, bt_row, t0, end, stride_c_block, stride_c_tok, BLOCK_SIZE: gl.constexpr,
-                   rows: gl.constexpr):
-    """Start tokens t0.. of a sequence on their way to L2, a few tiles before their copies into shared memory: one
-    tile in flight a buffer does not cover the memory's latency."""
-    toks = gl.arange(0, 64, rows)
-    tok = t0 + toks
-    valid = tok < end
-    blocks = gl.load(bt_row + tok // BLOCK_SIZE, mask=valid, other=0).to(gl.int64)
-    row = cache_ptr + blocks * stride_c_block + (tok % BLOCK_SIZE) * stride_c_tok
-    gl.inline_asm_elementwise(PREFETCH_ROW_ASM, "=r,l,r", [row, valid.to(gl.int32)], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
 @gluon.jit
 def _load_tile(k_lat, k_pe, cache_ptr, blocks, t0, end, stride_c_block, stride_c_tok, toks, lat_cols, pe_cols,
                RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr):
@@ -116,7 +95,7 @@ def _mla_decode_hopper(
     stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, PREFETCH: gl.constexpr,
+    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
 ):
     """Range j of head block `pid % NUM_HEAD_BLOCKS`'s tile line, as _mla_decode."""
     HEADS: gl.constexpr = 64
@@ -208,9 +187,6 @@ def _mla_decode_hopper(
             if i + 2 < count:
                 _load_tile(k_lat, k_pe, cache_ptr, blocks_next, start + (i + 2) * TILE, end, stride_c_block,
                            stride_c_tok, toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
-                if PREFETCH > 0:
-                    _prefetch_tile(cache_ptr, bt_row, start + (i + 2 + PREFETCH) * TILE, end, stride_c_block,
-                                   stride_c_tok, BLOCK_SIZE, gl.BlockedLayout([1], [32], [NUM_WARPS_C], [0]))
             cp.commit_group()
             blocks_next = _tile_blocks(bt_row, start + (i + 3) * TILE, end, toks, BLOCK_SIZE)
 
@@ -228,7 +204,7 @@ def _mla_decode_hopper(
 
 
 def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, prefetch=0):
+                      num_programs=None):
     """Launch over one wave (one program a multiprocessor: 216 KiB of shared memory each), then merge the partials.
     qk_scale: the softmax scale times log2(e)."""
     num_seqs, num_heads, rank = q_latent.shape
@@ -247,7 +223,7 @@ def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
         NUM_HEAD_BLOCKS=units, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
-        MIN_TILES=min_tiles, PREFETCH=prefetch, num_warps=NUM_WARPS)
+        MIN_TILES=min_tiles, num_warps=NUM_WARPS)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=HEAD_BLOCK,
                    head_dim=rank, block_n=BLOCK_N, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles)
     return out

@@ -1,4 +1,5 @@
-"""WORK IN PROGRESS, never run on a GPU: MLA decode in 64-head blocks on Hopper, FlashMLA's seesaw in Gluon.
+"""MLA decode in 64-head blocks on Hopper: FlashMLA's seesaw, in Gluon. The default for 64-head blocks on sm_90
+(config seesaw); kernels/mla_hopper.py stays as the simpler kernel it replaced.
 
 kernels/mla_hopper.py splits each tile's scores between its two warpgroups at n32 (the query re-read from shared
 memory for every 32 keys) and overlaps nothing with the tensor cores (ncu: 42% busy; kernels_h200_2026-12-02_notes.md,
@@ -10,13 +11,15 @@ columns (0 the first half, 1 the second). Per pair of tiles (A even, B odd):
   1: S_B; wait pa; m_B = max(m_A, rowmax S_B), P_B -> B's rope slot, m_B -> shared; arrive pb.
      O_R = (O_R a_A + P_A V_A[R]) a_B + P_B V_B[R].
   0: wait pb; O_L = O_L a_B + P_B V_B[L].
-  both: arrive `free` of both buffers; each waits its own buffer free before loading its next tile into it.
-Row sums: each partition its own tiles', in the same frame; added through shared memory at a segment's end. The query
-is loaded by partition 0 once partition 1 has scored its last tile of the previous segment (q_free).
+Each partition arrives on a buffer's `free` as soon as its P x V with it is done; partition 0 issues its next tile's
+copies while P_B x V_B runs, partition 1 once both are done with B.
+Row sums: each partition its own tiles', in the same frame; added through shared memory at a segment's end, in slots
+by the segment's parity. The query is loaded by partition 0 once partition 1 has scored its last tile of the previous
+segment (q_free). scripts/seesaw_protocol_check.py model-checks these waits and arrivals on the CPU.
 Same tile line, ranges and partials as kernels/mla.py's _mla_decode, merged by work_split.combine_cut_units.
-Expected from the ncu numbers: ~1.5x faster than mla_hopper where compute-bound, if the copies keep up; the next tile
-of a buffer can only load once both partitions are done with it, so a next step is waiting on 64-column chunks.
-Untested: the phases of every mbarrier, the register budget (240 a thread), the race-free reuse of the rope slot.
+Measured (mla_hopper_h200_2026-12-02_*_run-9): 1.02-1.21x faster than mla_hopper, b256 x 4K at 1.44x of the floor.
+ncu (decode_ncu_2026-12-02_*_seesaw-*): the waits for a tile's copies are the largest stall; one tile in flight a
+partition does not cover the memory's latency, and shared memory (Q 72 KiB + 2 x 72 KiB) holds no third tile.
 """
 import torch
 from triton.experimental import gluon
@@ -26,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .dispatch import next_pow2, sm_count
-from .mla_hopper import HEAD_BLOCK, _add, _load_tile, _prefetch_tile, _range_start, _tile_blocks
+from .mla_hopper import HEAD_BLOCK, _add, _load_tile, _range_start, _tile_blocks
 from .work_split import RUN_TIME_INTS, merge_partials
 
 TILE, PART_WARPS, WORKER_REGS = 64, 4, 240
@@ -45,8 +48,7 @@ def _tile_line(seq_lens_ptr, num_seqs, TILE_N: gl.constexpr, SEQS_PAD: gl.conste
 
 @gluon.jit
 def _own_tile(ME: gl.constexpr, i, k_lat_s, k_pe_s, ready, free, fills, cache_ptr, bt_row, start, end,
-              stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr,
-              PREFETCH: gl.constexpr):
+              stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr):
     """Load tile i (this partition's) into buffer ME once both partitions are done with its last tile; the copies
     arrive on `ready` as they land. Returns the buffer's fills so far."""
     toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
@@ -58,9 +60,6 @@ def _own_tile(ME: gl.constexpr, i, k_lat_s, k_pe_s, ready, free, fills, cache_pt
     _load_tile(k_lat_s.index(ME), k_pe_s.index(ME), cache_ptr, _tile_blocks(bt_row, t0, end, toks, BLOCK_SIZE), t0,
                end, stride_c_block, stride_c_tok, toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
     cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
-    if PREFETCH > 0:
-        _prefetch_tile(cache_ptr, bt_row, t0 + PREFETCH * 64, end, stride_c_block, stride_c_tok, BLOCK_SIZE,
-                       gl.BlockedLayout([1], [32], [4], [0]))
     return fills + 1
 
 
@@ -72,7 +71,7 @@ def _seesaw_partition(
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, PREFETCH: gl.constexpr,
+    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -132,12 +131,12 @@ def _seesaw_partition(
                                            + q_heads[:, None] * stride_qp_head + pe_cols[None, :])
             cp.mbarrier_arrive(q_ready, increment_count=False)
             fills_0 = _own_tile(0, 0, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0, cache_ptr, bt_row,
-                                start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, PREFETCH)
+                                start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
         else:
             fills_0 += 1  # partition 0's load of tile 0, counted here too
             if count > 1:
                 fills_1 = _own_tile(1, 1, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1, cache_ptr, bt_row,
-                                    start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, PREFETCH)
+                                    start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
         if ME == 0:
             if count > 1:
                 fills_1 += 1
@@ -186,7 +185,7 @@ def _seesaw_partition(
                     if 2 * k + 2 < count:  # the next A's copies issued while P_B x V_B runs
                         fills_0 = _own_tile(0, 2 * k + 2, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0,
                                             cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
-                                            BLOCK_SIZE, ld, PREFETCH)
+                                            BLOCK_SIZE, ld)
                     acc = warpgroup_mma_wait(0, deps=[pv])
                     mbarrier.arrive(free.index(1), count=1)
                     l = l * alpha_b
@@ -236,7 +235,7 @@ def _seesaw_partition(
                     if 2 * k + 3 < count:  # its next B, once partition 0 is done with this one
                         fills_1 = _own_tile(1, 2 * k + 3, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1,
                                             cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
-                                            BLOCK_SIZE, ld, PREFETCH)
+                                            BLOCK_SIZE, ld)
                     m = m_b
                 else:
                     acc = warpgroup_mma_wait(0, deps=[pv])
@@ -279,7 +278,7 @@ def _mla_decode_seesaw(
     stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, PREFETCH: gl.constexpr,
+    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
 ):
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -313,19 +312,18 @@ def _mla_decode_seesaw(
                              part_out_ptr, part_lse_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, PREFETCH)),
+                             MIN_TILES)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, PREFETCH)),
+                             MIN_TILES)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, prefetch=2):
-    """As mla_hopper.mla_decode_hopper, with the seesaw kernel. prefetch: how many tiles ahead of each copy the
-    cache rows are pulled into L2 (0: none)."""
+                      num_programs=None):
+    """As mla_hopper.mla_decode_hopper, with the seesaw kernel."""
     num_seqs, num_heads, rank = q_latent.shape
     units = num_heads // HEAD_BLOCK
     if num_programs is None:
@@ -340,7 +338,7 @@ def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
         NUM_HEAD_BLOCKS=units, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
-        MIN_TILES=min_tiles, PREFETCH=prefetch, num_warps=PART_WARPS)
+        MIN_TILES=min_tiles, num_warps=PART_WARPS)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=HEAD_BLOCK,
                    head_dim=rank, block_n=TILE, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles)
     return out

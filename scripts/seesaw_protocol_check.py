@@ -33,7 +33,7 @@ class Barrier:
         """The kernel waits with `parity`; `nth` is the completion it means (1-based)."""
         assert parity == (nth - 1) & 1, f"{self.name}: parity {parity} for completion {nth}"
         with self.cond:
-            assert self.completed <= nth, f"{self.name}: completion {nth} awaited after {self.completed}: parity aliases"
+            assert self.completed <= nth, f"{self.name}: completion {nth} awaited after {self.completed}: aliased"
             if not self.cond.wait_for(lambda: self.completed >= nth, timeout=5):
                 raise TimeoutError(f"{self.name}: deadlock waiting for completion {nth} (have {self.completed})")
 

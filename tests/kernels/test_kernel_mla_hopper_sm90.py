@@ -1,9 +1,10 @@
-"""The Gluon MLA decode (kernels/mla_hopper.py) as the H200 would run it, on this CPU machine: its tile loop keeps
-every value in registers. The kernel sits at ptxas's 255-register edge: session 15's lazy rescale, at 16 padded
-sequences, made ptxas spill there (55 local loads a tile, 1.3-1.7x the time on the H200), and the kept loop at 16
-rematerializes (725 instructions a tile, not 552; benchmarks/results/kernels_h200_2026-12-02_notes.md). The interpreter cannot run Gluon, so the
-GPU's answers are checked by benchmarks/mla_hopper_h200.py; this checks the code ptxas makes of it, in a child
-process because this folder's kernels are defined under TRITON_INTERPRET."""
+"""The Gluon MLA decodes (kernels/mla_hopper.py, kernels/mla_seesaw.py) as the H200 would run them, on this CPU
+machine: their tile loops keep every value in registers. Both sit at ptxas's 255-register edge: session 15's lazy
+rescale, at 16 padded sequences, made ptxas spill in mla_hopper (55 local loads a tile, 1.3-1.7x the time on the
+H200), and its kept loop at 16 rematerializes (725 instructions a tile, not 552;
+benchmarks/results/kernels_h200_2026-12-02_notes.md). The interpreter cannot run Gluon, so the GPU's answers are
+checked by benchmarks/mla_hopper_h200.py; this checks the code ptxas makes of them, in a child process because this
+folder's kernels are defined under TRITON_INTERPRET."""
 import json
 import os
 import subprocess
@@ -45,3 +46,39 @@ def test_the_tile_loop_never_touches_local_memory(tmp_path):
     for pad, row in rows.items():
         # 36 score products (32 latent + 4 rope, n32) and 4 of P x V (n256) a tile; nothing spilled in the loop
         assert (row["mma"], row["LDL"], row["STL"]) == (40, 0, 0), (pad, row)
+
+
+SEESAW_CHILD = """
+import json, sys, torch
+sys.path[:0] = [{root!r}, {scripts!r}]
+import kernel_sass, kernels_ptx
+from kernels import mla_seesaw
+q = torch.randn(3, 128, 512, dtype=torch.bfloat16)
+call = lambda: mla_seesaw.mla_decode_seesaw(q, torch.randn(3, 128, 64, dtype=torch.bfloat16),
+                                            torch.randn(24, 16, 576, dtype=torch.bfloat16),
+                                            torch.zeros(3, 8, dtype=torch.int32),
+                                            torch.full((3,), 100, dtype=torch.int32),
+                                            0.1, torch.empty_like(q), min_tiles=2, num_programs=4)
+kernel, values, options = next(c for c in kernels_ptx.capture(call) if c[0].__name__ == "_mla_decode_seesaw")
+info, sass = kernel_sass.assemble(kernels_ptx.compile_kernel(kernel, values, options).asm["ptx"])
+print(json.dumps({{**info, "HGMMA": sass.count("HGMMA"), "LDL": sass.count("LDL"), "STL": sass.count("STL")}}))
+"""
+
+
+def test_the_seesaw_keeps_every_value_in_registers(tmp_path):
+    """Both partitions' loops: 36 score products (n64) and 8 of P x V (n256: its half of both tiles) each, and nothing
+    in local memory anywhere (the scores' descriptors held across the loop spilled 1.2 KB: see mla_seesaw's z)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    code = SEESAW_CHILD.format(root=str(ROOT), scripts=str(ROOT / "scripts"))
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    row = json.loads(run.stdout.strip().splitlines()[-1])
+    assert (row["HGMMA"], row["LDL"], row["STL"], row["spill_stores"]) == (88, 0, 0, 0), row
+
+
+def test_the_seesaw_protocol_model_check_passes():
+    """scripts/seesaw_protocol_check.py: the partitions' waits and arrivals, as two threads over random segments."""
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "seesaw_protocol_check.py"), "--schedules", "100"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
