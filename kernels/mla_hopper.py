@@ -54,6 +54,39 @@ def _range_start(j, ranges, total):
 
 
 @gluon.jit
+def _program_range(seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS: gl.constexpr, MIN_TILES: gl.constexpr,
+                   TILE: gl.constexpr, SEQS_PAD: gl.constexpr, line: gl.constexpr):
+    """This program's head block and its range [first, last) of the tile line (every sequence's tiles end to end),
+    with the line per sequence: index, length, tiles, and where its tiles end."""
+    pid = gl.program_id(0)
+    seqs = gl.arange(0, SEQS_PAD, line)
+    lens = gl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
+    tiles = (lens + TILE - 1) // TILE
+    ends = gl.associative_scan(tiles, 0, _add)
+    total = gl.sum(tiles, 0)
+    ranges = gl.maximum(1, gl.minimum(num_programs // NUM_HEAD_BLOCKS, total // MIN_TILES))
+    j = pid // NUM_HEAD_BLOCKS
+    first = _range_start(gl.minimum(j, ranges), ranges, total)
+    last = _range_start(gl.minimum(j + 1, ranges), ranges, total)
+    return pid % NUM_HEAD_BLOCKS, first, last, seqs, lens, tiles, ends
+
+
+@gluon.jit
+def _segment(x, last, seqs, lens, tiles, ends, TILE: gl.constexpr):
+    """The sequence holding tile x and this range's part of it: the sequence, its tiles, the part's first tile in
+    it, its tiles, where it ends on the line, and its first and past-the-end tokens."""
+    seq = gl.sum((ends <= x).to(gl.int32), 0)
+    here = seqs == seq
+    n = gl.sum(gl.where(here, tiles, 0), 0)
+    seq_end = gl.sum(gl.where(here, ends, 0), 0)
+    seq_len = gl.sum(gl.where(here, lens, 0), 0)
+    t_first = x - (seq_end - n)
+    seg_end = gl.minimum(last, seq_end)
+    count = seg_end - x
+    return seq, n, t_first, count, seg_end, t_first * TILE, gl.minimum((t_first + count) * TILE, seq_len)
+
+
+@gluon.jit
 def _tile_blocks(bt_row, t0, end, toks, BLOCK_SIZE: gl.constexpr):
     """The cache block of each token t0.. of a sequence (0 past `end`): loaded a tile ahead of its copy, so the copy
     does not wait on the block table."""
@@ -111,17 +144,8 @@ def _mla_decode_hopper(
     k_lat_s = gl.allocate_shared_memory(gl.bfloat16, [2, TILE, RANK], smem)
     k_pe_s = gl.allocate_shared_memory(gl.bfloat16, [2, TILE, ROPE], smem)  # a tile's rope keys, then its P
 
-    pid = gl.program_id(0)
-    head_block = pid % NUM_HEAD_BLOCKS
-    seqs = gl.arange(0, SEQS_PAD, line)
-    lens = gl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
-    tiles = (lens + TILE - 1) // TILE
-    ends = gl.associative_scan(tiles, 0, _add)
-    total = gl.sum(tiles, 0)
-    ranges = gl.maximum(1, gl.minimum(num_programs // NUM_HEAD_BLOCKS, total // MIN_TILES))
-    j = pid // NUM_HEAD_BLOCKS
-    first = _range_start(gl.minimum(j, ranges), ranges, total)
-    last = _range_start(gl.minimum(j + 1, ranges), ranges, total)
+    head_block, first, last, seqs, lens, tiles, ends = _program_range(seq_lens_ptr, num_seqs, num_programs,
+                                                                      NUM_HEAD_BLOCKS, MIN_TILES, TILE, SEQS_PAD, line)
 
     q_heads = head_block * HEADS + gl.arange(0, HEADS, gl.SliceLayout(1, ld))
     toks = gl.arange(0, TILE, gl.SliceLayout(1, ld))
@@ -133,17 +157,7 @@ def _mla_decode_hopper(
 
     x = first
     while x < last:
-        # the sequence holding tile x, and this range's part of it
-        seq = gl.sum((ends <= x).to(gl.int32), 0)
-        here = seqs == seq
-        n = gl.sum(gl.where(here, tiles, 0), 0)
-        seq_end = gl.sum(gl.where(here, ends, 0), 0)
-        seq_len = gl.sum(gl.where(here, lens, 0), 0)
-        t_first = x - (seq_end - n)
-        seg_end = gl.minimum(last, seq_end)
-        count = seg_end - x
-        start = t_first * TILE
-        end = gl.minimum((t_first + count) * TILE, seq_len)
+        seq, n, t_first, count, seg_end, start, end = _segment(x, last, seqs, lens, tiles, ends, TILE)
         bt_row = block_table_ptr + seq * stride_bt_seq
 
         cp.async_copy_global_to_shared(q_lat_s, q_latent_ptr + seq * stride_ql_seq
@@ -197,33 +211,41 @@ def _mla_decode_hopper(
             gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16))
         else:
             # slot 0 for the range's first sequence, 1 for its last (work_split.store_range_result)
-            at = (pid * 2 + (x != first).to(gl.int32)) * HEADS + o_rows
+            at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * HEADS + o_rows
             gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o)
             gl.store(part_lse_ptr + at, gl.convert_layout(m, gl.SliceLayout(1, o_layout)) + gl.log2(l_out))
         x = seg_end
 
 
-def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None):
-    """Launch over one wave (one program a multiprocessor: 216 KiB of shared memory each), then merge the partials.
-    qk_scale: the softmax scale times log2(e)."""
+def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
+           num_programs=None):
+    """Launch a 64-head-block decode kernel of this file's arguments, tile line and partials (mla_hopper's or
+    mla_seesaw's) over one wave (one program a multiprocessor: ~216 KiB of shared memory each), then merge the
+    partials. qk_scale: the softmax scale times log2(e)."""
     num_seqs, num_heads, rank = q_latent.shape
     units = num_heads // HEAD_BLOCK
     if num_programs is None:
         num_programs = sm_count(q_latent.device)
     num_programs = units * max(1, num_programs // units)  # whole ranges per head block
-    # ptxas rematerializes in the tile loop at 16 and 32 padded sequences (725 instructions a tile, not 552; with the
-    # run-3 code it spilled there: 55 local loads a tile at 16), not from 64 to 1024
+    # ptxas rematerializes in mla_hopper's tile loop at 16 and 32 padded sequences (725 instructions a tile, not 552;
+    # with the run-3 code it spilled there: 55 local loads a tile at 16), not from 64 to 1024
     seqs_pad = max(64, next_pow2(num_seqs))
     part_out = torch.empty(num_programs * 2 * HEAD_BLOCK * rank, device=q_latent.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * HEAD_BLOCK, device=q_latent.device, dtype=torch.float32)
-    _mla_decode_hopper[(num_programs,)](
+    kernel[(num_programs,)](
         q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
         qk_scale, num_seqs, num_programs,
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
         NUM_HEAD_BLOCKS=units, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
-        MIN_TILES=min_tiles, num_warps=NUM_WARPS)
+        MIN_TILES=min_tiles, num_warps=num_warps)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=HEAD_BLOCK,
                    head_dim=rank, block_n=BLOCK_N, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles)
     return out
+
+
+def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
+                      num_programs=None):
+    """Decode with _mla_decode_hopper (see launch)."""
+    return launch(_mla_decode_hopper, NUM_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
+                  min_tiles=min_tiles, num_programs=num_programs)

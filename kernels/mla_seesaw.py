@@ -21,29 +21,18 @@ Measured (mla_hopper_h200_2026-12-02_*_run-9): 1.02-1.21x faster than mla_hopper
 ncu (decode_ncu_2026-12-02_*_seesaw-*): the waits for a tile's copies are the largest stall; one tile in flight a
 partition does not cover the memory's latency, and shared memory (Q 72 KiB + 2 x 72 KiB) holds no third tile.
 """
-import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .dispatch import next_pow2, sm_count
-from .mla_hopper import HEAD_BLOCK, _add, _load_tile, _range_start, _tile_blocks
-from .work_split import RUN_TIME_INTS, merge_partials
+from .mla_hopper import _load_tile, _program_range, _segment, _tile_blocks, launch
+from .work_split import RUN_TIME_INTS
 
-TILE, PART_WARPS, WORKER_REGS = 64, 4, 240
+PART_WARPS, WORKER_REGS = 4, 240
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
-
-
-@gluon.jit
-def _tile_line(seq_lens_ptr, num_seqs, TILE_N: gl.constexpr, SEQS_PAD: gl.constexpr, line: gl.constexpr):
-    """Per sequence: length, tiles, and where its stretch of a unit's line ends; the line's length."""
-    seqs = gl.arange(0, SEQS_PAD, line)
-    lens = gl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
-    tiles = (lens + TILE_N - 1) // TILE_N
-    return seqs, lens, tiles, gl.associative_scan(tiles, 0, _add), gl.sum(tiles, 0)
 
 
 @gluon.jit
@@ -61,6 +50,24 @@ def _own_tile(ME: gl.constexpr, i, k_lat_s, k_pe_s, ready, free, fills, cache_pt
                end, stride_c_block, stride_c_tok, toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
     cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
     return fills + 1
+
+
+@gluon.jit
+def _publish_p(s, m, l, m_slot, p_slot, published):
+    """A tile's softmax step from its scaled scores: the new running max, the old frame's factor, the row sums, and
+    P in bf16, with the max and P stored for the other partition (P in the tile's rope slot: its scores are done with
+    the rope keys) and `published` arrived on."""
+    m_new = gl.maximum(m, gl.max(s, axis=1))
+    alpha = gl.exp2(m - m_new)
+    p = gl.exp2(s - m_new[:, None])
+    l = l * alpha + gl.sum(p, axis=1)
+    p16 = p.to(gl.bfloat16)
+    m_slot.store(m_new)
+    p_slot.store(p16)
+    fence_async_shared()  # P, for the other partition's wgmma (the async proxy)
+    gl.thread_barrier()
+    mbarrier.arrive(published, count=1)
+    return m_new, alpha, l, p16
 
 
 @gluon.jit
@@ -86,13 +93,8 @@ def _seesaw_partition(
     q_lat_s, q_pe_s, k_lat_s, k_pe_s, m_s, l_s = smem
     q_ready, q_free, ready, free, pa, pb, l_ready = bars
 
-    pid = gl.program_id(0)
-    head_block = pid % NUM_HEAD_BLOCKS
-    seqs, lens, tiles, ends, total = _tile_line(seq_lens_ptr, num_seqs, 64, SEQS_PAD, line)
-    ranges = gl.maximum(1, gl.minimum(num_programs // NUM_HEAD_BLOCKS, total // MIN_TILES))
-    j = pid // NUM_HEAD_BLOCKS
-    first = _range_start(gl.minimum(j, ranges), ranges, total)
-    last = _range_start(gl.minimum(j + 1, ranges), ranges, total)
+    head_block, first, last, seqs, lens, tiles, ends = _program_range(seq_lens_ptr, num_seqs, num_programs,
+                                                                      NUM_HEAD_BLOCKS, MIN_TILES, 64, SEQS_PAD, line)
     q_heads = head_block * HEADS + gl.arange(0, HEADS, gl.SliceLayout(1, ld))
     lat_cols = gl.arange(0, RANK, gl.SliceLayout(0, ld))
     pe_cols = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
@@ -110,16 +112,7 @@ def _seesaw_partition(
     pairs_b = 0
     x = first
     while x < last:
-        seq = gl.sum((ends <= x).to(gl.int32), 0)
-        here = seqs == seq
-        n = gl.sum(gl.where(here, tiles, 0), 0)
-        seq_end = gl.sum(gl.where(here, ends, 0), 0)
-        seq_len = gl.sum(gl.where(here, lens, 0), 0)
-        t_first = x - (seq_end - n)
-        seg_end = gl.minimum(last, seq_end)
-        count = seg_end - x
-        start = t_first * 64
-        end = gl.minimum((t_first + count) * 64, seq_len)
+        seq, n, t_first, count, seg_end, start, end = _segment(x, last, seqs, lens, tiles, ends, 64)
         bt_row = block_table_ptr + seq * stride_bt_seq
 
         if ME == 0:
@@ -160,16 +153,7 @@ def _seesaw_partition(
                 s = warpgroup_mma_wait(0, deps=[warpgroup_mma(q_pe, k_pe_s.index(z).permute((1, 0)), s,
                                                               is_async=True)])
                 s = gl.where(((start + 2 * k * 64 + s_cols) < end)[None, :], s * qk_scale, float("-inf"))
-                m_a = gl.maximum(m, gl.max(s, axis=1))
-                alpha_a = gl.exp2(m - m_a)
-                p = gl.exp2(s - m_a[:, None])
-                l = l * alpha_a + gl.sum(p, axis=1)
-                p16 = p.to(gl.bfloat16)
-                m_s.index(0).store(m_a)
-                k_pe_s.index(0).store(p16)  # its scores are done with the rope keys
-                fence_async_shared()
-                gl.thread_barrier()
-                mbarrier.arrive(pa, count=1)
+                m_a, alpha_a, l, p16 = _publish_p(s, m, l, m_s.index(0), k_pe_s.index(0), pa)
                 acc = acc * gl.convert_layout(alpha_a, rows_o)[:, None]
                 pv = warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc, is_async=True)
                 m = m_a
@@ -217,16 +201,7 @@ def _seesaw_partition(
                 m = m_a
                 if has_b:
                     s = gl.where(((start + (2 * k + 1) * 64 + s_cols) < end)[None, :], s * qk_scale, float("-inf"))
-                    m_b = gl.maximum(m, gl.max(s, axis=1))
-                    alpha_b = gl.exp2(m - m_b)
-                    p = gl.exp2(s - m_b[:, None])
-                    l = l * alpha_b + gl.sum(p, axis=1)
-                    p16 = p.to(gl.bfloat16)
-                    m_s.index(1).store(m_b)
-                    k_pe_s.index(1).store(p16)
-                    fence_async_shared()
-                    gl.thread_barrier()
-                    mbarrier.arrive(pb, count=1)
+                    m_b, alpha_b, l, p16 = _publish_p(s, m, l, m_s.index(1), k_pe_s.index(1), pb)
                     acc = warpgroup_mma_wait(0, deps=[pv]) * gl.convert_layout(alpha_b, rows_o)[:, None]
                     mbarrier.arrive(free.index(0), count=1)  # done with A
                     acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc,
@@ -261,7 +236,7 @@ def _seesaw_partition(
             o_ptrs = out_ptr + seq * stride_o_seq + (head_block * HEADS + o_rows)[:, None] * stride_o_head
             gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16))
         else:
-            at = (pid * 2 + (x != first).to(gl.int32)) * HEADS + o_rows
+            at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * HEADS + o_rows
             gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o)
             if ME == 0:
                 gl.store(part_lse_ptr + at, gl.convert_layout(m, rows_o) + gl.log2(l_all))
@@ -323,22 +298,6 @@ def _mla_decode_seesaw(
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
                       num_programs=None):
-    """As mla_hopper.mla_decode_hopper, with the seesaw kernel."""
-    num_seqs, num_heads, rank = q_latent.shape
-    units = num_heads // HEAD_BLOCK
-    if num_programs is None:
-        num_programs = sm_count(q_latent.device)
-    num_programs = units * max(1, num_programs // units)
-    seqs_pad = max(64, next_pow2(num_seqs))
-    part_out = torch.empty(num_programs * 2 * HEAD_BLOCK * rank, device=q_latent.device, dtype=torch.float32)
-    part_lse = torch.empty(num_programs * 2 * HEAD_BLOCK, device=q_latent.device, dtype=torch.float32)
-    _mla_decode_seesaw[(num_programs,)](
-        q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
-        qk_scale, num_seqs, num_programs,
-        q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
-        latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
-        NUM_HEAD_BLOCKS=units, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
-        MIN_TILES=min_tiles, num_warps=PART_WARPS)
-    merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=HEAD_BLOCK,
-                   head_dim=rank, block_n=TILE, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles)
-    return out
+    """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials)."""
+    return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
+                  min_tiles=min_tiles, num_programs=num_programs)

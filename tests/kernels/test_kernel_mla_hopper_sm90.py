@@ -35,13 +35,18 @@ print(json.dumps(rows))
 """
 
 
-def test_the_tile_loop_never_touches_local_memory(tmp_path):
+def compiled_in_a_child(child, tmp_path):
+    """Run a CHILD script (compiled for sm_90, a fresh Triton cache) and read the JSON it prints last."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    code = CHILD.format(root=str(ROOT), scripts=str(ROOT / "scripts"))
+    code = child.format(root=str(ROOT), scripts=str(ROOT / "scripts"))
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_the_tile_loop_never_touches_local_memory(tmp_path):
+    rows = compiled_in_a_child(CHILD, tmp_path)
     assert sorted(rows) == ["1024", "256", "64"], rows
     for pad, row in rows.items():
         # 36 score products (32 latent + 4 rope, n32) and 4 of P x V (n256) a tile; nothing spilled in the loop
@@ -68,12 +73,7 @@ print(json.dumps({{**info, "HGMMA": sass.count("HGMMA"), "LDL": sass.count("LDL"
 def test_the_seesaw_keeps_every_value_in_registers(tmp_path):
     """Both partitions' loops: 36 score products (n64) and 8 of P x V (n256: its half of both tiles) each, and nothing
     in local memory anywhere (the scores' descriptors held across the loop spilled 1.2 KB: see mla_seesaw's z)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    code = SEESAW_CHILD.format(root=str(ROOT), scripts=str(ROOT / "scripts"))
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    row = json.loads(run.stdout.strip().splitlines()[-1])
+    row = compiled_in_a_child(SEESAW_CHILD, tmp_path)
     assert (row["HGMMA"], row["LDL"], row["STL"], row["spill_stores"]) == (88, 0, 0, 0), row
 
 
