@@ -119,6 +119,23 @@ def _tile_landed():
     gl.thread_barrier()
 
 
+@gluon.jit
+def _store_segment(o, m, l, rows_o: gl.constexpr, whole, x, first, seq, head_block, o_rows, o_cols, out_ptr,
+                   part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, HEADS: gl.constexpr, RANK: gl.constexpr,
+                   STORE_LSE: gl.constexpr):
+    """A segment's output o (its columns o_cols): the sequence's answer in bf16 if the segment is all of it, else a
+    float32 partial with its log-sum-exp m + log2(l) (l in layout rows_o), slot 0 for the range's first sequence and 1
+    for its last (work_split.store_range_result)."""
+    if whole:
+        o_ptrs = out_ptr + seq * stride_o_seq + (head_block * HEADS + o_rows)[:, None] * stride_o_head
+        gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16))
+    else:
+        at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * HEADS + o_rows
+        gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o)
+        if STORE_LSE:
+            gl.store(part_lse_ptr + at, gl.convert_layout(m, rows_o) + gl.log2(l))
+
+
 @gluon.jit(do_not_specialize=RUN_TIME_INTS)
 def _mla_decode_hopper(
     q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
@@ -205,15 +222,9 @@ def _mla_decode_hopper(
             blocks_next = _tile_blocks(bt_row, start + (i + 3) * TILE, end, toks, BLOCK_SIZE)
 
         l_out = gl.convert_layout(gl.sum(l_acc, axis=1), gl.SliceLayout(1, o_layout))
-        o = acc / l_out[:, None]
-        if (t_first == 0) & (count == n):
-            o_ptrs = out_ptr + seq * stride_o_seq + (head_block * HEADS + o_rows)[:, None] * stride_o_head
-            gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16))
-        else:
-            # slot 0 for the range's first sequence, 1 for its last (work_split.store_range_result)
-            at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * HEADS + o_rows
-            gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o)
-            gl.store(part_lse_ptr + at, gl.convert_layout(m, gl.SliceLayout(1, o_layout)) + gl.log2(l_out))
+        _store_segment(acc / l_out[:, None], m, l_out, gl.SliceLayout(1, o_layout), (t_first == 0) & (count == n), x,
+                       first, seq, head_block, o_rows, o_cols, out_ptr, part_out_ptr, part_lse_ptr, stride_o_seq,
+                       stride_o_head, HEADS, RANK, True)
         x = seg_end
 
 

@@ -27,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .mla_hopper import _load_tile, _program_range, _segment, _tile_blocks, launch
+from .mla_hopper import _load_tile, _program_range, _segment, _store_segment, _tile_blocks, launch
 from .work_split import RUN_TIME_INTS
 
 PART_WARPS, WORKER_REGS = 4, 240
@@ -141,7 +141,8 @@ def _seesaw_partition(
         for k in range(0, (count + 1) // 2):
             has_b = 2 * k + 1 < count
             # z: 0, but not provably: the scores' 72 wgmma descriptors (64-bit) are then made at each pair, not
-            # hoisted out of the loop and held (ptxas: 255 registers, 45 local loads a pair)
+            # hoisted out of the loop and held (ptxas: 255 registers, 45 local loads a pair). The scores are written
+            # out, not mla_hopper._scores: its arguments make both views first, which moves the descriptors' math.
             z = k >> 30
             q_lat = q_lat_s.index(z)
             q_pe = q_pe_s.index(z)
@@ -231,15 +232,9 @@ def _seesaw_partition(
         mbarrier.arrive(l_ready.index(par + ME), count=1)
         mbarrier.wait(l_ready.index(par + 1 - ME), (segments >> 1) & 1)
         l_all = gl.convert_layout(l + l_s.index(par + 1 - ME).load(rows_s), rows_o)
-        o = acc / l_all[:, None]
-        if (t_first == 0) & (count == n):
-            o_ptrs = out_ptr + seq * stride_o_seq + (head_block * HEADS + o_rows)[:, None] * stride_o_head
-            gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16))
-        else:
-            at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * HEADS + o_rows
-            gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o)
-            if ME == 0:
-                gl.store(part_lse_ptr + at, gl.convert_layout(m, rows_o) + gl.log2(l_all))
+        _store_segment(acc / l_all[:, None], m, l_all, rows_o, (t_first == 0) & (count == n), x, first, seq,
+                       head_block, o_rows, o_cols, out_ptr, part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head,
+                       HEADS, RANK, ME == 0)  # one log-sum-exp, partition 0's
         segments += 1
         x = seg_end
 
