@@ -466,9 +466,9 @@ SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the c
         for block_n, warps, stages, maxnreg in ((64, 4, 2, None), (64, 4, 3, None), (64, 4, 3, 128),
                                                 (64, 4, 2, 128), (32, 4, 2, None), (32, 4, 4, 128), (64, 4, 4, None),
                                                 (128, 4, 2, None))]),
-    # head block, key tile, warps, stages, min_tiles, hopper: the default (kernels/mla_hopper.py) and longer ranges (a
-    # 64-head block's partial, 128 KiB, outweighs the 72 KiB latent tile); Triton's _mla_decode at 64-head blocks on two
-    # warpgroups' wgmma (the default before mla_hopper) and at 32-head blocks on mma.sync
+    # head block, key tile, warps, stages, min_tiles, hopper: the default (kernels/mla_seesaw.py on sm_90) and longer
+    # ranges (a 64-head block's partial, 128 KiB, outweighs the 72 KiB latent tile); Triton's _mla_decode at 64-head
+    # blocks on two warpgroups' wgmma (the default before the Gluon kernels) and at 32-head blocks on mma.sync
     "mla-decode-128": ("MLA decode, 128 heads", mla.MANY_HEADS_CONFIG, [
         {**mla.MANY_HEADS_CONFIG, "head_block": hb, "block_n": block_n, "num_warps": warps, "num_stages": stages,
          "min_tiles": min_tiles, "hopper": hopper}

@@ -251,8 +251,8 @@ def decode_config(num_heads: int) -> dict:
 
 
 def _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads) -> bool:
-    """Whether kernels/mla_hopper.py runs this call: asked for (config hopper), its tiles, a GPU and shapes it
-    runs."""
+    """Whether a Gluon kernel (kernels/mla_seesaw.py, or kernels/mla_hopper.py with seesaw off) runs this call:
+    asked for (config hopper), their tiles, a GPU and shapes they run."""
     return (mla_hopper is not None and cfg.get("hopper", False)
             and (cfg["head_block"], cfg["block_n"]) == (mla_hopper.HEAD_BLOCK, mla_hopper.BLOCK_N)
             and mla_hopper.supported(q_latent, q_pe, latent_cache, num_heads))
@@ -260,10 +260,10 @@ def _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads) -> bool:
 
 def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
                num_programs=None):
-    """Triton MLA decode. out: a buffer to write (tests poison it); config (block_n, num_warps,
-    num_stages, head_block, maxnreg, min_tiles, split_tail, hopper: kernels/mla_hopper.py where it runs, seesaw:
-    kernels/mla_seesaw.py in its place) and
-    num_programs override the tuned defaults (decode_config) and the grid."""
+    """MLA decode: Triton's _mla_decode, or a Gluon kernel on Hopper. out: a buffer to write (tests poison it); config
+    (block_n, num_warps, num_stages, head_block, maxnreg, min_tiles, split_tail, hopper: a Gluon kernel where it runs,
+    seesaw: kernels/mla_seesaw.py, else kernels/mla_hopper.py) and num_programs override the tuned defaults
+    (decode_config) and the grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]
     _, block_size, width = latent_cache.shape
