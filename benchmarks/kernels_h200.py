@@ -440,12 +440,13 @@ SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the c
     # order forced; two programs a multiprocessor (64 rows on one warpgroup, 64-key tiles: one program's exponentials
     # beside the other's products). The next tile scored ahead of the exponentials was slower on every cell
     # (kernels_h200_2026-12-02_*_grid-1: Triton waits on the scores at once, ptx wgmma.wait_group 0).
-    "prefill": (PREFILL, prefill.CONFIG, [
-        {**prefill.CONFIG, "rows": rows, "block_n": block_n, "num_warps": warps, "num_stages": stages,
-         "tiles_first": tiles_first}
-        for rows, block_n, warps, stages, tiles_first in (
-            (128, 128, 8, 3, None), (128, 128, 8, 3, True), (128, 128, 8, 3, False), (128, 128, 8, 2, None),
-            (128, 64, 8, 3, None), (64, 64, 4, 3, None), (64, 64, 4, 2, None))]),
+    # The Gluon kernel (hopper, the default on sm_90) with each order forced, then Triton's configs.
+    "prefill": (PREFILL, prefill.CONFIG, [{**prefill.CONFIG, "tiles_first": order} for order in (True, False)]
+                + [{**prefill.CONFIG, "hopper": False, "rows": rows, "block_n": block_n, "num_warps": warps,
+                    "num_stages": stages, "tiles_first": tiles_first}
+                   for rows, block_n, warps, stages, tiles_first in (
+                       (128, 128, 8, 3, None), (128, 128, 8, 3, True), (128, 128, 8, 3, False), (128, 128, 8, 2, None),
+                       (128, 64, 8, 3, None), (64, 64, 4, 3, None), (64, 64, 4, 2, None))]),
     "mla-prefill": (MLA_PREFILL, mla.PREFILL_CONFIG, [
         {"rows": 32, "block_n": block_n, "num_warps": warps, "num_stages": stages}
         for block_n in (64, 128) for warps in (4, 8) for stages in (1, 2)]),

@@ -25,6 +25,11 @@ from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, sm_count
 from .decode import attend_more_tokens
 from .dot import dot, softmax_update
 
+try:  # Gluon (triton.experimental.gluon, Triton 3.5 on): without it, the Triton kernel everywhere
+    from . import prefill_hopper
+except ImportError:
+    prefill_hopper = None
+
 fix_triton_interpreter()
 
 LOG2E = 1.4426950408889634
@@ -33,8 +38,10 @@ LOG2E = 1.4426950408889634
 # head. From benchmarks/kernels_h200.py --grid --config-sweep on the H200 (2026-12-01): split_causal took one 32K
 # prompt from 2.99x of the FLOP floor to 1.99x (kernels_h200_*_grid, 48 configs of grouped rows), and one query head
 # per program, no group padding, to 1.89x; within 0.16x of the best config on every other prefill cell (*_grid-2).
+# hopper: on an sm_90 GPU, kernels/prefill_hopper.py (Gluon, warp-specialized) where its shapes allow (hopper_stages:
+# its key/value tiles in flight).
 CONFIG = {"rows": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "split_causal": True,
-          "one_head_per_program": True, "tiles_first": None}
+          "one_head_per_program": True, "tiles_first": None, "hopper": True}
 CPU_CONFIG = {"rows": 16, "block_n": 16}  # the interpreter: small tiles run faster
 # tiles_first None: a grid of up to FEW_WAVES programs a multiprocessor launches units side by side. On the H200
 # (kernels_h200_2026-12-02_*_grid-1, -2) units side by side / a unit's tiles together: dense prefill 2K 0.108 / 0.127
@@ -179,6 +186,12 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     group = num_q_heads // num_kv_heads
     cfg = {**CONFIG, **(CPU_CONFIG if q.device.type == "cpu" else {}), **(config or {})}
+    if cfg["hopper"] and prefill_hopper is not None and prefill_hopper.supported(q, k_cache, v_cache):
+        grid, tiles_first = prefill_grid(max_q_len, prefill_hopper.BLOCK_M, num_q_heads, num_seqs, cfg["tiles_first"],
+                                         q.device)
+        return prefill_hopper.paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
+                                                   scale * LOG2E, grid, tiles_first, out,
+                                                   stages=cfg.get("hopper_stages", prefill_hopper.STAGES))
     heads_per_token = 1 if cfg["one_head_per_program"] else next_pow2(group)
     block_q = max(1, cfg["rows"] // heads_per_token)
     grid, tiles_first = prefill_grid(max_q_len, block_q, num_q_heads if heads_per_token == 1 else num_kv_heads,

@@ -25,12 +25,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.jit import JITFunction
+from triton.runtime.jit import JITFunction, mangle_type
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kernel_sass  # noqa: E402
 from kernels import (activation, cache_write, decode, mla, mla_hopper, mla_mha, mla_seesaw, moe, norm,  # noqa: E402
-                     prefill, rotary, router, skinny_gemm)
+                     prefill, prefill_hopper, rotary, router, skinny_gemm)
 
 H200 = GPUTarget("cuda", 90, 32)
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}
@@ -45,7 +45,9 @@ def arg_type(value) -> str:
         return "i1"
     if isinstance(value, int):
         return "i32" if -2**31 <= value < 2**31 else "i64"
-    return "fp32"
+    if isinstance(value, float):
+        return "fp32"
+    return mangle_type(value)  # a TMA descriptor: its block, dtype and layout, as the JIT names it
 
 
 def capture(call) -> list[tuple[JITFunction, dict, dict]]:
@@ -135,6 +137,9 @@ def launches() -> dict[str, tuple]:
         "mla 128 heads, Hopper seesaw (Gluon, warp-specialized)": lambda: mla_seesaw.mla_decode_seesaw(
             torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
             0.1, torch.empty(seqs, 128, 512, dtype=bf16), min_tiles=2, num_programs=4),
+        "prefill gqa 8/2, Hopper (Gluon, warp-specialized)": lambda: prefill_hopper.paged_prefill_hopper(
+            torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens, 0.1, (1, 8, 3), 0,
+            torch.empty(14, 8, 128, dtype=bf16)),
         "mla prefill 16 heads, rank 512 + rope 64": lambda: mla.mla_prefill(
             torch.randn(14, 16, 512, dtype=bf16), torch.randn(14, 16, 64, dtype=bf16), latent, table, cu_q, lens,
             0.072, max_q_len=8, config=mla.PREFILL_CONFIG),

@@ -1,0 +1,167 @@
+"""The Hopper prefill (Gluon: kernels/prefill_hopper.py) on an H200, in one device call: its answers against the
+float32 reference and Triton's kernel (kernels/prefill.py, hopper off) on shapes that exercise it (ragged prompts and
+chunks on cached prefixes, query tiles cut by a sequence's end, cache blocks of 16 to 256 tokens, GQA groups of 1 to
+7, fp16, both launch orders, a cache whose unwritten slots hold NaN), then its time beside Triton's and torch SDPA's
+(flash, on a contiguous cache) on issue 14's dense prefill cells, timed as kernels_h200.py times them (CUDA-graph
+replays, L2 flushed). Triton's interpreter cannot run Gluon: this is the kernel's correctness test on the GPU (the
+CPU suite only compiles it for sm_90).
+
+    PYTHONUNBUFFERED=1 python benchmarks/prefill_hopper_h200.py [--out DIR] [--cells 1x2K 8x2K 2Kon30K ...]
+
+Writes prefill_hopper_h200.json to DIR ($OUT on the device machine) and prints a short table last.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kernels_h200 as grid  # noqa: E402
+from kernels_h200 import Cell, bench_graph, copy_bandwidth, matmul_rate, rel_err  # noqa: E402
+from kernels import prefill, reference  # noqa: E402
+
+BOUND = 0.01  # relative error of a bf16 output against the float32 reference (kernels_h200.BF16_BOUND)
+HOPPER = {"hopper": True}
+TRITON = {"hopper": False}
+VARIANTS = {"hopper": HOPPER}  # the Gluon configs checked and timed beside Triton's (the default first)
+# (query heads, KV heads, [(sequence length, new tokens)], cache block size, dtype, tiles_first)
+CHECKS = [
+    (28, 4, [(2048, 2048)], 16, torch.bfloat16, None),
+    (28, 4, [(1000, 1000), (5000, 300), (17, 17), (130, 1), (4097, 4097), (700, 129)], 16, torch.bfloat16, None),
+    (28, 4, [(1000, 1000), (5000, 300), (17, 17), (130, 1), (4097, 4097), (700, 129)], 16, torch.bfloat16, True),
+    (32, 8, [(3000, 3000), (2500, 2000)], 32, torch.bfloat16, None),
+    (32, 32, [(1500, 1500), (999, 200)], 64, torch.float16, None),
+    (8, 1, [(3333, 3333), (260, 260)], 256, torch.bfloat16, False),
+    (28, 4, [(8192, 8192)], 16, torch.bfloat16, None),
+]
+CELLS = ["1x2K", "1x8K", "1x32K", "8x2K", "2Kon30K"]
+
+
+def scattered(lengths, block_size, gen):
+    """A block table with every sequence's blocks at random places in a cache with spare blocks."""
+    per_seq = [-(-n // block_size) for n in lengths]
+    num_blocks = sum(per_seq) + 3
+    perm = torch.randperm(num_blocks, generator=gen)
+    table = torch.zeros(len(lengths), max(per_seq), dtype=torch.int32)
+    at = 0
+    for i, nb in enumerate(per_seq):
+        table[i, :nb] = perm[at:at + nb].to(torch.int32)
+        at += nb
+    return table.cuda(), num_blocks
+
+
+def poisoned_cache(table, lengths, num_blocks, block_size, kv_heads, dtype):
+    """K or V with random rows at every sequence's tokens and NaN everywhere else (spare blocks, the slots past each
+    sequence's end): a kernel that lets an unwritten slot reach its output fails the check."""
+    cache = torch.full((num_blocks, block_size, kv_heads, 128), float("nan"), device="cuda", dtype=dtype)
+    for i, n in enumerate(lengths):
+        toks = torch.arange(n, device="cuda")
+        blocks = table[i].long()[toks // block_size]
+        cache[blocks, toks % block_size] = torch.randn(n, kv_heads, 128, device="cuda", dtype=dtype)
+    return cache
+
+
+def check(q_heads, kv_heads, seqs, block_size, dtype, tiles_first, gen):
+    lengths, new = [n for n, _ in seqs], [q for _, q in seqs]
+    table, num_blocks = scattered(lengths, block_size, gen)
+    k, v = (poisoned_cache(table, lengths, num_blocks, block_size, kv_heads, dtype) for _ in range(2))
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    cu = torch.tensor([0] + new, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    q = torch.randn(sum(new), q_heads, 128, device="cuda", dtype=dtype)
+    scale = 128 ** -0.5
+
+    def run(cfg):
+        out = torch.full_like(q, float("nan"))
+        return prefill.paged_prefill(q, k, v, table, cu, seq_lens, scale, max_q_len=max(new), out=out,
+                                     config={**cfg, "tiles_first": tiles_first})
+
+    ref = reference.paged_prefill(q.float(), k.float(), v.float(), table, cu, seq_lens, scale)
+    row = {"heads": f"{q_heads}/{kv_heads}", "seqs": seqs, "block_size": block_size, "dtype": str(dtype)[6:],
+           "tiles_first": tiles_first, "triton_rel_err": rel_err(run(TRITON), ref)}
+    for name, cfg in VARIANTS.items():
+        row[f"{name}_rel_err"] = rel_err(run(cfg), ref)  # NaN where any NaN got out
+    row["ok"] = all(row[f"{name}_rel_err"] < BOUND for name in VARIANTS)
+    return row
+
+
+def cell(name):
+    """<batch>x<prompt>K (a causal prompt, as 8x2K) or <new>Kon<prefix>K (a chunk on a cached prefix, as 2Kon30K):
+    a GQA 28/4 prefill cell of issue 14's grid (argparse's type: a bad name is a usage error)."""
+    prompt = re.fullmatch(r"(\d+)x(\d+)K", name)
+    chunk = re.fullmatch(r"(\d+)Kon(\d+)K", name)
+    if prompt:
+        batch, context, new = int(prompt[1]), int(prompt[2]) * 1024, int(prompt[2]) * 1024
+    elif chunk:
+        batch, context, new = 1, (int(chunk[1]) + int(chunk[2])) * 1024, int(chunk[1]) * 1024
+    else:
+        raise argparse.ArgumentTypeError(f"{name!r} is not a cell: <batch>x<prompt>K or <new>Kon<prefix>K")
+    return Cell(grid.PREFILL, batch, context, new, 28, 4, 128)
+
+
+def time_cell(c, bandwidth, rate, gen):
+    floor = grid.floor_ms(grid.traffic_bytes(c), grid.attention_flops(c), bandwidth, rate)
+    build = grid.prefill_cell(c, 1, gen)
+    triton_out = build["output_with"](TRITON)
+    replays = grid.replays_for(floor)
+    row = {"cell": c.name, "floor_ms": floor}
+    for name, cfg in {**VARIANTS, "triton": TRITON}.items():
+        ms = bench_graph(build["with_config"](cfg), replays)
+        row.update({f"{name}_ms": ms, f"{name}_x": ms / floor})
+        if name != "triton":
+            row[f"{name}_rel_err_vs_triton"] = rel_err(build["output_with"](cfg), triton_out)
+    sdpa, _ = grid.time_sdpa(build["sdpa"], floor, replays)
+    row.update({"sdpa_ms": sdpa["ms"], "sdpa_x": sdpa["ms"] / floor, "sdpa_backend": sdpa["backend"]})
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", ".out"))
+    parser.add_argument("--cells", nargs="*", type=cell, default=[cell(name) for name in CELLS],
+                        help="GQA 28/4 prefill cells to time, as 1x32K, 8x2K or 2Kon30K")
+    parser.add_argument("--checks", type=int, default=len(CHECKS), help="run the first N checks only")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    result = {"device": torch.cuda.get_device_name(), "checks": [], "cells": []}
+
+    def save():
+        with open(os.path.join(args.out, "prefill_hopper_h200.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+    for spec in CHECKS[:args.checks]:
+        try:
+            row = check(*spec, gen)
+        except Exception as e:  # noqa: BLE001 - recorded; a fault poisons the context, so the run stops here
+            row = {"heads": f"{spec[0]}/{spec[1]}", "seqs": str(spec[2])[:60], "error": repr(e)[:300], "ok": False}
+        print("check", json.dumps(row), flush=True)
+        result["checks"].append(row)
+        save()
+        if "error" in row:
+            return 1
+    bandwidth, rate = copy_bandwidth(), matmul_rate()
+    result.update(bandwidth=bandwidth, mm_rate=rate)
+    print(f"copy {bandwidth / 1e12:.3f} TB/s, mm {rate / 1e12:.0f} TFLOP/s", flush=True)
+    for c in args.cells:
+        row = time_cell(c, bandwidth, rate, gen)
+        print("cell", json.dumps(row), flush=True)
+        result["cells"].append(row)
+        save()
+    print(f"\nchecks: {sum(r['ok'] for r in result['checks'])} of {len(result['checks'])} within {BOUND}")
+    names = [*VARIANTS, "triton", "sdpa"]
+    print(f"{'prefill cell':36} {'floor ms':>9}" + "".join(f"{n + ' ms':>11} {'x':>6}" for n in names)
+          + f" {'triton / ' + names[0]:>16}")
+    for r in result["cells"]:
+        times = "".join(f"{r[n + '_ms']:11.3f} {r[n + '_x']:6.2f}" for n in names)
+        print(f"{r['cell']:36} {r['floor_ms']:9.3f}{times} {r['triton_ms'] / r[names[0] + '_ms']:16.2f}")
+    return 0 if all(r["ok"] for r in result["checks"]) and not math.isnan(sum(r.get("hopper_ms", 0) for r in
+                                                                                 result["cells"])) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
