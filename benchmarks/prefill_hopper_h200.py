@@ -27,7 +27,9 @@ from kernels import prefill, reference  # noqa: E402
 BOUND = 0.01  # relative error of a bf16 output against the float32 reference (kernels_h200.BF16_BOUND)
 HOPPER = {"hopper": True}
 TRITON = {"hopper": False}
-VARIANTS = {"hopper": HOPPER}  # the Gluon configs checked and timed beside Triton's (the default first)
+# the Gluon configs checked and timed beside Triton's (the default first)
+VARIANTS = {"hopper": HOPPER, "overlap": {**HOPPER, "hopper_overlap": True},
+            "overlap3": {**HOPPER, "hopper_overlap": True, "hopper_stages": 3}}
 # (query heads, KV heads, [(sequence length, new tokens)], cache block size, dtype, tiles_first)
 CHECKS = [
     (28, 4, [(2048, 2048)], 16, torch.bfloat16, None),
