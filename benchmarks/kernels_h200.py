@@ -451,7 +451,8 @@ SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the c
         {"rows": 32, "block_n": block_n, "num_warps": warps, "num_stages": stages}
         for block_n in (64, 128) for warps in (4, 8) for stages in (1, 2)]),
     "mla-mha-prefill": (MLA_MHA_PREFILL, mla_mha.CONFIG, [
-        {**mla_mha.CONFIG, "block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages}
+        {**mla_mha.CONFIG, "hopper": False, "block_m": block_m, "block_n": block_n, "num_warps": warps,
+         "num_stages": stages}
         for block_m in (64, 128) for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)]),
     # key tile, stages, register cap, min_tiles: the default; more programs a multiprocessor (Nsight Compute at b256 x
     # 4K: 74% of the DRAM bandwidth, 3 programs of 4 warps at 168 registers) or deeper pipelines

@@ -1,21 +1,26 @@
-"""Prefill over the paged KV cache on Hopper (sm_90), in Gluon: FlashAttention-3's warp specialization.
+"""Prefill on Hopper (sm_90), in Gluon: FlashAttention-3's warp specialization, over the paged KV cache (dense
+attention) or over contiguous per-head keys and values (MLA prefill, decompressed: kernels/mla_mha.py).
 
 kernels/prefill.py's Triton kernel runs a program's two warpgroups in step: each issues a key tile's products, then
 waits on its scores before the exponentials, so the tensor cores idle while the softmax runs (1.8-2.7x of the FLOP
 floor on the H200; kernels_h200_2026-12-02_notes.md). Here a program's 128 query rows (one query head) are split
 between two 4-warp consumer partitions of 64 rows each, and a one-warp producer partition fills a ring of key and
-value tiles with TMA: each 128-key tile is gathered block by block from the paged cache (one TMA box a cache block
-of its tokens), signalled on the stage's `k_ready` and `v_ready` mbarriers as the bytes land. The consumers never
-load: each scores its rows against the tile, runs the online softmax, and multiplies P (kept in registers) by the
-values, then frees the stage (`kv_free`, both consumers). The two consumers drift apart, so one's softmax runs under
-the other's products.
+value tiles with TMA: a 128-key tile of the paged cache is gathered block by block (one TMA box a cache block of its
+tokens), of contiguous keys in one box, signalled on the stage's `k_ready` and `v_ready` mbarriers as the bytes
+land. The consumers never load: each scores its rows against the tile, runs the online softmax, and multiplies P
+(kept in registers) by the values; a stage's keys are freed once both have scored them (`k_free`), its values once
+both have used them (`v_free`). With OVERLAP (FlashAttention-3's intra-warpgroup pipelining) a consumer issues tile
+i's scores before tile i - 1's P x V and computes tile i's exponentials while that runs; the two consumers drift
+apart, so one's softmax also runs under the other's products. The MLA form scores 192-wide rows as two products (the
+per-head 128 nope columns, the 64 rope columns every head shares).
 
-Same problem and grid as prefill.py's: sequence i's new tokens are the last q_len of its seq_len cached tokens, causal
+Same problem and grid as prefill.py's: sequence i's new tokens are the last q_len of its seq_len tokens, causal
 among themselves, the prefix seen in full; the last query tiles launch first (prefill.prefill_grid, the caller's).
 Key tiles below a consumer's first row run without the mask. The value rows past the sequence's end in its last tile
 are zeroed in shared memory before they are used, as a cache's unwritten slots may hold anything (0 x NaN would reach
-the output). Triton's interpreter cannot run Gluon: its answers are checked on the GPU by
-benchmarks/prefill_hopper_h200.py.
+the output). Every tensor is read through a 2-D TMA view [tokens, columns] whose head h starts at column h x its
+head stride, so views (the stack's q_nope and q_pe, split from one projection) need no copy. Triton's interpreter
+cannot run Gluon: the answers are checked on the GPU by benchmarks/prefill_hopper_h200.py.
 """
 import functools
 
@@ -31,20 +36,31 @@ CONSUMER_WARPS, PRODUCER_WARPS = 4, 1
 # 12 warps (the producer's warpgroup counted whole): 168 registers a thread on average fill the multiprocessor's 64K.
 # The producer gets the minimum, the second consumer 240, the first (the default partition) what is left: 240.
 MAXNREG, CONSUMER_REGS, PRODUCER_REGS = 168, 240, 24
-STAGES = 2  # key and value tiles in flight: 2 x 64 KiB, with the query tile 160 KiB of shared memory
-OVERLAP = False  # _consumer's OVERLAP
+# Key and value tiles in flight: dense, 3 x 64 KiB and the query tile, 224 KiB of shared memory; MLA, 2 x 80 KiB and
+# its 48 KiB query tile. OVERLAP: _consumer's. On an H200 (prefill_hopper_h200_2026-12-02_*_run-2) OVERLAP took issue
+# 14's five dense cells 1.01-1.22x faster at 2 stages, and the third stage 0.97-1.06x more.
+STAGES, MLA_STAGES, OVERLAP = 3, 2, True
 WARPS_C, REGS_C = gl.constexpr([CONSUMER_WARPS, PRODUCER_WARPS]), gl.constexpr([CONSUMER_REGS, PRODUCER_REGS])
 
 
 def supported(q, k_cache, v_cache) -> bool:
-    """This kernel's shapes: a Hopper GPU, bf16 or fp16, head_dim 128, cache blocks of a power of two tokens whose
-    rows (token, KV head) are 16-byte aligned and dense within a block, as TMA reads them."""
+    """The dense kernel's shapes: a Hopper GPU, bf16 or fp16, head_dim 128, cache blocks of a power of two tokens
+    (at least 8) dense within a block, every row TMA reads 16-byte aligned."""
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
-    return (q.device.type == "cuda" and _is_hopper(q.device.index) and q.dtype in (torch.bfloat16, torch.float16)
-            and q.dtype == k_cache.dtype == v_cache.dtype and head_dim == 128 and q.shape[-1] == head_dim
-            and block_size & (block_size - 1) == 0 and block_size >= 8
-            and q.stride(1) == head_dim and q.stride(0) % 8 == 0 and q.data_ptr() % 16 == 0
-            and all(_token_rows(c) is not None for c in (k_cache, v_cache)))
+    return (_on_hopper(q) and q.dtype == k_cache.dtype == v_cache.dtype and head_dim == 128
+            and q.shape[-1] == head_dim and block_size & (block_size - 1) == 0 and block_size >= 8
+            and all(_rows(c) is not None for c in (q, _tokens(k_cache), _tokens(v_cache))))
+
+
+def mla_supported(q_nope, q_pe, kv, k_pe, v_dim) -> bool:
+    """The MLA kernel's shapes: DeepSeek's nope 128 + rope 64 and values 128, bf16 or fp16, TMA-readable rows."""
+    return (_on_hopper(q_nope) and q_nope.shape[-1] == 128 and q_pe.shape[-1] == 64 and v_dim == 128
+            and q_nope.dtype == q_pe.dtype == kv.dtype == k_pe.dtype and kv.shape[-1] == 256
+            and all(_rows(t) is not None for t in (q_nope, q_pe, kv, kv[..., 128:], k_pe.unsqueeze(1))))
+
+
+def _on_hopper(t) -> bool:
+    return t.device.type == "cuda" and _is_hopper(t.device.index) and t.dtype in (torch.bfloat16, torch.float16)
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,19 +68,31 @@ def _is_hopper(device_index) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] == 9
 
 
-def _token_rows(cache):
-    """The cache as a 2-D [blocks x block_size, kv_heads x head_dim] view's row stride (None where a block's tokens
-    are not evenly strided): one row a token, a KV head's 128 values at column kv_head x 128."""
-    _, block_size, kv_heads, head_dim = cache.shape
-    s_block, s_tok, s_head, s_dim = cache.stride()
-    if s_dim != 1 or s_head != head_dim or s_block != block_size * s_tok or s_tok % 8 or cache.data_ptr() % 16:
+def _tokens(cache):
+    """A paged cache [blocks, block_size, heads, dim] as [blocks x block_size, heads, dim] (None where a block's tokens
+    are not evenly strided)."""
+    s_block, s_tok = cache.stride()[:2]
+    return cache.flatten(0, 1) if s_block == cache.shape[1] * s_tok else None
+
+
+def _rows(t):
+    """t [tokens, heads, dim] as TMA reads it: (row stride, head stride, columns of the 2-D view), or None where a
+    stride or its start is not 16-byte aligned."""
+    if t is None or t.stride(-1) != 1:
         return None
-    return s_tok
+    s_tok, s_head = t.stride(0), t.stride(1)
+    if any(x * t.element_size() % 16 for x in (s_tok, s_head)) or t.data_ptr() % 16:
+        return None
+    return s_tok, s_head, (t.shape[1] - 1) * s_head + t.shape[2]
 
 
-def _descriptor(t, rows, row_stride, cols, box):
+def _descriptor(t, box_rows):
+    """A TMA descriptor over t [tokens, heads, dim] (_rows) with boxes of box_rows tokens of one head, and its head
+    stride in columns."""
+    s_tok, s_head, cols = _rows(t)
+    box = [box_rows, t.shape[2]]
     layout = gl.NVMMASharedLayout.get_default_for(box, gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16)
-    return TensorDescriptor(t, [rows, cols], [row_stride, 1], box, layout)
+    return TensorDescriptor(t, [t.shape[0], cols], [s_tok, 1], box, layout), s_head
 
 
 @gluon.jit
@@ -82,38 +110,57 @@ def _program(tiles_first):
 
 
 @gluon.jit
-def _load_tile(desc, i, bt_row, seq_blocks, kv_head, bar, dest, BLOCK_SIZE: gl.constexpr):
-    """Key tile i's keys or values, block by block (one TMA box a cache block of its tokens), arriving on `bar`."""
+def _load_tile(desc, i, k_start, bt_row, seq_blocks, col, bar, dest, BLOCK_SIZE: gl.constexpr):
+    """Key tile i's keys or values (columns col..) into dest, arriving on `bar`: from the paged cache block by block
+    (one TMA box a cache block of its tokens), or with BLOCK_SIZE 0 from the contiguous rows after k_start."""
     BOX: gl.constexpr = desc.block_type.shape[0]  # tokens a TMA box: a cache block's, at most a tile's
-    mbarrier.expect(bar, (128 // BOX) * desc.block_type.nbytes)
-    for j in gl.static_range(128 // BOX):
-        tok = i * 128 + j * BOX
-        b = tok // BLOCK_SIZE  # past the sequence's blocks (its last tile): block 0, masked by the consumers
-        block = gl.load(bt_row + b, mask=b < seq_blocks, other=0)
-        row = block * BLOCK_SIZE + tok % BLOCK_SIZE
-        tma.async_copy_global_to_shared(desc, [row, kv_head * desc.block_type.shape[1]], bar, dest.slice(j * BOX, BOX))
+    if BLOCK_SIZE == 0:
+        tma.async_copy_global_to_shared(desc, [k_start + i * 128, col], bar, dest)
+    else:
+        for j in gl.static_range(128 // BOX):
+            tok = i * 128 + j * BOX
+            b = tok // BLOCK_SIZE  # past the sequence's blocks (its last tile): block 0, masked by the consumers
+            block = gl.load(bt_row + b, mask=b < seq_blocks, other=0)
+            row = block * BLOCK_SIZE + tok % BLOCK_SIZE
+            tma.async_copy_global_to_shared(desc, [row, col], bar, dest.slice(j * BOX, BOX))
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_s, k_s, v_s, bars, bt_row, q_row, head, kv_head, n_tiles, seq_blocks,
-              BLOCK_SIZE: gl.constexpr):
+def _producer(descs, smem, bars, cols, bt_row, q_row, k_start, n_tiles, seq_blocks, BLOCK_SIZE: gl.constexpr,
+              ROPE: gl.constexpr):
     """The query tile once, then every key tile's K and, a tile behind, its V into the ring of stages, each once both
     consumers are done with the stage's last one."""
+    q_desc, qpe_desc, k_desc, kpe_desc, v_desc = descs
+    q_s, qpe_s, k_s, kpe_s, v_s = smem
     q_ready, k_ready, v_ready, k_free, v_free = bars
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    q_col, qpe_col, k_col, v_col = cols
     STAGES: gl.constexpr = k_s.type.shape[0]
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, head * HEAD_DIM], q_ready, q_s.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + 64, head * HEAD_DIM], q_ready, q_s.index(1))
+    K_BYTES: gl.constexpr = (128 // k_desc.block_type.shape[0]) * k_desc.block_type.nbytes
+    if ROPE > 0:
+        mbarrier.expect(q_ready, 2 * (q_desc.block_type.nbytes + qpe_desc.block_type.nbytes))
+        tma.async_copy_global_to_shared(qpe_desc, [q_row, qpe_col], q_ready, qpe_s.index(0))
+        tma.async_copy_global_to_shared(qpe_desc, [q_row + 64, qpe_col], q_ready, qpe_s.index(1))
+    else:
+        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_ready, q_s.index(0))
+    tma.async_copy_global_to_shared(q_desc, [q_row + 64, q_col], q_ready, q_s.index(1))
     for i in range(n_tiles + 1):
         if i < n_tiles:
             stage = i % STAGES
             mbarrier.wait(k_free.index(stage), ((i // STAGES) & 1) ^ 1)
-            _load_tile(k_desc, i, bt_row, seq_blocks, kv_head, k_ready.index(stage), k_s.index(stage), BLOCK_SIZE)
+            if ROPE > 0:  # the rope keys every head shares, contiguous
+                mbarrier.expect(k_ready.index(stage), K_BYTES + kpe_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(kpe_desc, [k_start + i * 128, 0], k_ready.index(stage),
+                                                kpe_s.index(stage))
+            else:
+                mbarrier.expect(k_ready.index(stage), K_BYTES)
+            _load_tile(k_desc, i, k_start, bt_row, seq_blocks, k_col, k_ready.index(stage), k_s.index(stage),
+                       BLOCK_SIZE)
         if i > 0:  # the values a tile behind: a consumer needs tile i's keys before tile i - 1's values
             stage = (i - 1) % STAGES
             mbarrier.wait(v_free.index(stage), (((i - 1) // STAGES) & 1) ^ 1)
-            _load_tile(v_desc, i - 1, bt_row, seq_blocks, kv_head, v_ready.index(stage), v_s.index(stage),
+            mbarrier.expect(v_ready.index(stage), (128 // v_desc.block_type.shape[0]) * v_desc.block_type.nbytes)
+            _load_tile(v_desc, i - 1, k_start, bt_row, seq_blocks, v_col, v_ready.index(stage), v_s.index(stage),
                        BLOCK_SIZE)
 
 
@@ -125,6 +172,16 @@ def _zero_past_end(v_tile, valid, layout: gl.constexpr):
     v_tile.store(gl.where((rows < valid)[:, None], v, gl.zeros_like(v)))
     fence_async_shared()  # for the wgmma (the async proxy) that reads it next
     gl.thread_barrier()
+
+
+@gluon.jit
+def _scores(q_s, qpe_s, k_s, kpe_s, ME: gl.constexpr, i, zeros, ROPE: gl.constexpr):
+    """Issue tile i's scores for this consumer's rows (nope, then rope columns where there are any)."""
+    STAGES: gl.constexpr = k_s.type.shape[0]
+    s = warpgroup_mma(q_s.index(ME), k_s.index(i % STAGES).permute((1, 0)), zeros, is_async=True)
+    if ROPE > 0:
+        s = warpgroup_mma(qpe_s.index(ME), kpe_s.index(i % STAGES).permute((1, 0)), s, is_async=True)
+    return s
 
 
 @gluon.jit
@@ -152,18 +209,18 @@ def _values(acc, p, v_s, v_ready, i, seq_len, p_regs: gl.constexpr, ld: gl.const
 
 
 @gluon.jit
-def _consumer(ME: gl.constexpr, q_s, k_s, v_s, bars, out_ptr, stride_o_tok, stride_o_head, qk_scale, q_start, q_len,
-              prefix, seq_len, q_tile, head, n_tiles, OVERLAP: gl.constexpr):
+def _consumer(ME: gl.constexpr, smem, bars, out_ptr, stride_o_tok, stride_o_head, qk_scale, q_start, q_len, prefix,
+              seq_len, q_tile, head, n_tiles, ROPE: gl.constexpr, OVERLAP: gl.constexpr):
     """Rows ME x 64 .. + 63 of the query tile: the online softmax over the program's key tiles, then the output.
-    OVERLAP: FlashAttention-3's intra-warpgroup pipelining, tile i's scores issued before tile i - 1's P x V, and
-    its exponentials computed while that runs."""
+    OVERLAP: tile i's scores issued before tile i - 1's P x V, its exponentials computed while that runs."""
+    q_s, qpe_s, k_s, kpe_s, v_s = smem
     q_ready, k_ready, v_ready, k_free, v_free = bars
-    HEAD_DIM: gl.constexpr = q_s.type.shape[2]
+    V_DIM: gl.constexpr = v_s.type.shape[2]
     STAGES: gl.constexpr = k_s.type.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, 128, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+                                                       instr_shape=[16, V_DIM, 16])
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     p_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
@@ -171,21 +228,20 @@ def _consumer(ME: gl.constexpr, q_s, k_s, v_s, bars, out_ptr, stride_o_tok, stri
     q_pos = prefix + first + gl.arange(0, 64, gl.SliceLayout(1, s_layout))
     cols = gl.arange(0, 128, gl.SliceLayout(0, s_layout))
     whole = gl.minimum((prefix + first + 1) // 128, n_tiles)  # tiles every row of it sees in full
-    q = q_s.index(ME)
     zeros = gl.zeros([64, 128], gl.float32, s_layout)
 
     m = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
+    acc = gl.zeros([64, V_DIM], gl.float32, o_layout)
     mbarrier.wait(q_ready, 0)
     if OVERLAP:
         mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma_wait(0, deps=[warpgroup_mma(q, k_s.index(0).permute((1, 0)), zeros, is_async=True)])
+        s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, ME, 0, zeros, ROPE)])
         mbarrier.arrive(k_free.index(0), count=1)
         p, m, alpha, l = _softmax_step(s, 0, whole, q_pos, cols, qk_scale, m, l)
         for i in range(1, n_tiles):
             mbarrier.wait(k_ready.index(i % STAGES), (i // STAGES) & 1)
-            s = warpgroup_mma(q, k_s.index(i % STAGES).permute((1, 0)), zeros, is_async=True)
+            s = _scores(q_s, qpe_s, k_s, kpe_s, ME, i, zeros, ROPE)
             acc = _values(acc, p, v_s, v_ready, i - 1, seq_len, p_regs, ld)
             s = warpgroup_mma_wait(1, deps=[s])  # the scores (the older group): P x V may still run
             mbarrier.arrive(k_free.index(i % STAGES), count=1)
@@ -198,8 +254,7 @@ def _consumer(ME: gl.constexpr, q_s, k_s, v_s, bars, out_ptr, stride_o_tok, stri
     else:
         for i in range(n_tiles):
             mbarrier.wait(k_ready.index(i % STAGES), (i // STAGES) & 1)
-            s = warpgroup_mma_wait(0, deps=[warpgroup_mma(q, k_s.index(i % STAGES).permute((1, 0)), zeros,
-                                                          is_async=True)])
+            s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, ME, i, zeros, ROPE)])
             mbarrier.arrive(k_free.index(i % STAGES), count=1)
             p, m, alpha, l = _softmax_step(s, i, whole, q_pos, cols, qk_scale, m, l)
             acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
@@ -208,28 +263,45 @@ def _consumer(ME: gl.constexpr, q_s, k_s, v_s, bars, out_ptr, stride_o_tok, stri
 
     l = gl.convert_layout(l, rows_o)
     rows = first + gl.arange(0, 64, rows_o)
-    dims = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
+    dims = gl.arange(0, V_DIM, gl.SliceLayout(0, o_layout))
     o_ptrs = out_ptr + (q_start + rows).to(gl.int64)[:, None] * stride_o_tok + head * stride_o_head + dims[None, :]
     gl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < q_len)[:, None])
 
 
 @gluon.jit(do_not_specialize=["stride_bt_seq", "tiles_first"])
-def _prefill_hopper(q_desc, k_desc, v_desc, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr,
-                    qk_scale, tiles_first, stride_bt_seq, stride_o_tok, stride_o_head,
-                    GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr):
+def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
+                    out_ptr, qk_scale, tiles_first, stride_bt_seq, stride_o_tok, stride_o_head,
+                    q_head_cols, qpe_head_cols, k_head_cols, v_head_cols,
+                    GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, STAGES: gl.constexpr,
+                    OVERLAP: gl.constexpr):
+    """BLOCK_SIZE > 0: keys and values in the paged cache (block_table_ptr), seq_lens_ptr each sequence's length.
+    BLOCK_SIZE 0: contiguous keys, seq_lens_ptr the cumulative lengths (sequence i's keys are rows [cu[i], cu[i+1]).
+    ROPE > 0: scores over q/k nope plus rope columns (qpe_desc, kpe_desc: the rope keys shared by every head)."""
     q_tile, head, seq = _program(tiles_first)
     q_start = gl.load(cu_seqlens_q_ptr + seq)
     q_len = gl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     if q_tile * 128 >= q_len:
         return
-    seq_len = gl.load(seq_lens_ptr + seq)
+    if BLOCK_SIZE == 0:
+        k_start = gl.load(seq_lens_ptr + seq).to(gl.int32)
+        seq_len = gl.load(seq_lens_ptr + seq + 1).to(gl.int32) - k_start
+        seq_blocks = 0
+    else:
+        k_start = 0
+        seq_len = gl.load(seq_lens_ptr + seq)
+        seq_blocks = (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE
     prefix = seq_len - q_len
     kv_end = prefix + gl.minimum(q_len, (q_tile + 1) * 128)  # the tile's last query sees no further
     n_tiles = (kv_end + 127) // 128
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    q_s = gl.allocate_shared_memory(q_desc.dtype, [2, 64, HEAD_DIM], q_desc.layout)
-    k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 128, HEAD_DIM], k_desc.layout)
-    v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 128, HEAD_DIM], v_desc.layout)
+    q_s = gl.allocate_shared_memory(q_desc.dtype, [2, 64, q_desc.block_type.shape[1]], q_desc.layout)
+    k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 128, k_desc.block_type.shape[1]], k_desc.layout)
+    v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 128, v_desc.block_type.shape[1]], v_desc.layout)
+    if ROPE > 0:
+        qpe_s = gl.allocate_shared_memory(qpe_desc.dtype, [2, 64, ROPE], qpe_desc.layout)
+        kpe_s = gl.allocate_shared_memory(kpe_desc.dtype, [STAGES, 128, ROPE], kpe_desc.layout)
+    else:  # unused
+        qpe_s = q_s
+        kpe_s = k_s
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -241,32 +313,51 @@ def _prefill_hopper(q_desc, k_desc, v_desc, block_table_ptr, cu_seqlens_q_ptr, s
         mbarrier.init(v_ready.index(b), count=1)
         mbarrier.init(k_free.index(b), count=2)  # both consumers
         mbarrier.init(v_free.index(b), count=2)
+    smem = (q_s, qpe_s, k_s, kpe_s, v_s)
     bars = (q_ready, k_ready, v_ready, k_free, v_free)
+    kv_head = head // GROUP
+    cols = (head * q_head_cols, head * qpe_head_cols, kv_head * k_head_cols, kv_head * v_head_cols)
     bt_row = block_table_ptr + seq * stride_bt_seq
-    seq_blocks = (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE
-    q_row = q_start + q_tile * 128
     gl.warp_specialize([
-        (_consumer, (0, q_s, k_s, v_s, bars, out_ptr, stride_o_tok, stride_o_head, qk_scale, q_start, q_len, prefix,
-                     seq_len, q_tile, head, n_tiles, OVERLAP)),
-        (_consumer, (1, q_s, k_s, v_s, bars, out_ptr, stride_o_tok, stride_o_head, qk_scale, q_start, q_len, prefix,
-                     seq_len, q_tile, head, n_tiles, OVERLAP)),
-        (_producer, (q_desc, k_desc, v_desc, q_s, k_s, v_s, bars, bt_row, q_row, head, head // GROUP, n_tiles,
-                     seq_blocks, BLOCK_SIZE)),
+        (_consumer, (0, smem, bars, out_ptr, stride_o_tok, stride_o_head, qk_scale, q_start, q_len, prefix, seq_len,
+                     q_tile, head, n_tiles, ROPE, OVERLAP)),
+        (_consumer, (1, smem, bars, out_ptr, stride_o_tok, stride_o_head, qk_scale, q_start, q_len, prefix, seq_len,
+                     q_tile, head, n_tiles, ROPE, OVERLAP)),
+        (_producer, ((q_desc, qpe_desc, k_desc, kpe_desc, v_desc), smem, bars, cols, bt_row, q_start + q_tile * 128,
+                     k_start, n_tiles, seq_blocks, BLOCK_SIZE, ROPE)),
     ], WARPS_C, REGS_C)
+
+
+def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first, group,
+            block_size, rope, stages, overlap):
+    (q_desc, q_hc), (qpe_desc, qpe_hc), (k_desc, k_hc), (kpe_desc, _), (v_desc, v_hc) = descs
+    _prefill_hopper[grid](q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table, cu_seqlens_q, seq_lens, out,
+                          qk_scale, tiles_first, block_table.stride(0) if block_table.dim() == 2 else 0,
+                          out.stride(0), out.stride(1), q_hc, qpe_hc, k_hc, v_hc,
+                          GROUP=group, BLOCK_SIZE=block_size, ROPE=rope, STAGES=stages, OVERLAP=overlap,
+                          num_warps=CONSUMER_WARPS, maxnreg=MAXNREG)
+    return out
 
 
 def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, qk_scale, grid, tiles_first, out,
                          *, stages=STAGES, overlap=OVERLAP):
     """prefill.paged_prefill on this kernel (supported() must hold), over prefill.prefill_grid's grid of BLOCK_M-row
     query tiles by query heads by sequences. qk_scale: the softmax scale times log2(e)."""
-    num_tokens, num_q_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
-    box = [min(block_size, BLOCK_N), head_dim]
-    q_desc = _descriptor(q, num_tokens, q.stride(0), num_q_heads * head_dim, [HALF_M, head_dim])
-    k_desc = _descriptor(k_cache, num_blocks * block_size, _token_rows(k_cache), num_kv_heads * head_dim, box)
-    v_desc = _descriptor(v_cache, num_blocks * block_size, _token_rows(v_cache), num_kv_heads * head_dim, box)
-    _prefill_hopper[grid](q_desc, k_desc, v_desc, block_table, cu_seqlens_q, seq_lens, out,
-                          qk_scale, tiles_first, block_table.stride(0), out.stride(0), out.stride(1),
-                          GROUP=num_q_heads // num_kv_heads, BLOCK_SIZE=block_size, STAGES=stages, OVERLAP=overlap,
-                          num_warps=CONSUMER_WARPS, maxnreg=MAXNREG)
-    return out
+    block_size = k_cache.shape[1]
+    box = min(block_size, BLOCK_N)
+    q_desc = _descriptor(q, HALF_M)
+    k_desc = _descriptor(_tokens(k_cache), box)
+    descs = (q_desc, q_desc, k_desc, k_desc, _descriptor(_tokens(v_cache), box))  # no rope: its slots unused
+    return _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first,
+                   q.shape[1] // k_cache.shape[2], block_size, 0, stages, overlap)
+
+
+def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_scale, grid, tiles_first, out, *,
+                       stages=MLA_STAGES, overlap=OVERLAP):
+    """mla_mha's decompressed prefill over all of its context at once (mla_supported() must hold): q_nope [T, H,
+    128] and q_pe [T, H, 64] of the new tokens, kv [C, H, 256] every context token's per-head keys (nope) then
+    values, k_pe [C, 64] its rope keys, sequence i's at rows cu_seqlens_k[i]..; out [T, H, 128]."""
+    descs = (_descriptor(q_nope, HALF_M), _descriptor(q_pe, HALF_M), _descriptor(kv[..., :128], BLOCK_N),
+             _descriptor(k_pe.unsqueeze(1), BLOCK_N), _descriptor(kv[..., 128:], BLOCK_N))
+    return _launch(grid, descs, cu_seqlens_k, cu_seqlens_q, cu_seqlens_k, out, qk_scale, tiles_first, 1, 0,
+                   q_pe.shape[-1], stages, overlap)

@@ -140,6 +140,11 @@ def launches() -> dict[str, tuple]:
         "prefill gqa 8/2, Hopper (Gluon, warp-specialized)": lambda: prefill_hopper.paged_prefill_hopper(
             torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens, 0.1, (1, 8, 3), 0,
             torch.empty(14, 8, 128, dtype=bf16)),
+        "mla prefill decompressed, Hopper (Gluon, warp-specialized), the stack's q views": lambda: (
+            lambda q: prefill_hopper.mla_prefill_hopper(
+                q[..., :128], q[..., 128:], torch.randn(40, 16, 256, dtype=bf16), latent.view(-1, 576)[:40, 512:],
+                cu_q, torch.tensor([0, 5, 6, 40]), 0.1, (1, 16, 3), 0, torch.empty(14, 16, 128, dtype=bf16)))(
+            torch.randn(14, 16, 192, dtype=bf16)),
         "mla prefill 16 heads, rank 512 + rope 64": lambda: mla.mla_prefill(
             torch.randn(14, 16, 512, dtype=bf16), torch.randn(14, 16, 64, dtype=bf16), latent, table, cu_q, lens,
             0.072, max_q_len=8, config=mla.PREFILL_CONFIG),
