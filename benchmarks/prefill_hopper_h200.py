@@ -40,10 +40,12 @@ CHECKS = [
     (8, 1, [(3333, 3333), (260, 260)], 256, torch.bfloat16, False),
     (28, 4, [(8192, 8192)], 16, torch.bfloat16, None),
 ]
-CELLS = ["1x2K", "1x8K", "1x32K", "8x2K", "2Kon30K", "mla16h4K", "mla16h32K", "mla128h4K"]
-# MLA prefill, decompressed (kernels/mla_mha.py): (heads, [(sequence length, new tokens)]), DeepSeek's widths
-MLA_CHECKS = [(16, [(4096, 4096)]), (16, [(1000, 1000), (3000, 200), (17, 17), (130, 1), (700, 129)]),
-              (128, [(2000, 2000), (600, 300)])]
+CELLS = ["1x2K", "1x8K", "1x32K", "8x2K", "2Kon30K", "mla16h4K", "mla16h32K", "mla128h4K", "mla128h32K"]
+# MLA prefill, decompressed (kernels/mla_mha.py): (heads, [(sequence length, new tokens)], context tokens decompressed
+# at a time: None for mla_mha's own, which holds these whole), DeepSeek's widths
+RAGGED = [(1000, 1000), (3000, 200), (17, 17), (130, 1), (700, 129)]
+MLA_CHECKS = [(16, [(4096, 4096)], None), (16, RAGGED, None), (128, [(2000, 2000), (600, 300)], None),
+              (16, RAGGED, 1000), (128, [(2000, 2000), (600, 300)], 700)]  # windows that cut sequences
 
 
 def scattered(lengths, block_size, gen):
@@ -93,9 +95,9 @@ def check(q_heads, kv_heads, seqs, block_size, dtype, tiles_first, gen):
     return row
 
 
-def mla_check(heads, seqs, gen):
+def mla_check(heads, seqs, window, gen):
     """The decompressed MLA prefill against the float32 reference and Triton's kernel: the latent cache paged in
-    16-token blocks, kv_b_proj random (scaled as kernels_h200's cell)."""
+    16-token blocks, kv_b_proj random (scaled as kernels_h200's cell), the context in windows of `window` tokens."""
     lengths, new = [n for n, _ in seqs], [q for _, q in seqs]
     table, num_blocks = scattered(lengths, 16, gen)
     cache = torch.randn(num_blocks, 16, 576, device="cuda", dtype=torch.bfloat16)
@@ -109,11 +111,11 @@ def mla_check(heads, seqs, gen):
     def run(cfg):
         out = torch.full((sum(new), heads, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
         return mla_mha.mla_mha_prefill(q_nope, q_pe, cache, table, cu, seq_lens, kv_b, scale, max(new), out=out,
-                                       config=cfg)
+                                       config=cfg, window=window)
 
     ref = reference.mla_mha_prefill(q_nope.float(), q_pe.float(), cache.float(), table, cu, seq_lens, kv_b.float(),
                                     scale)
-    row = {"heads": f"MLA {heads}h", "seqs": seqs, "block_size": 16, "dtype": "bfloat16",
+    row = {"heads": f"MLA {heads}h", "seqs": seqs, "window": window, "block_size": 16, "dtype": "bfloat16",
            "triton_rel_err": rel_err(run(TRITON), ref)}
     for name, cfg in VARIANTS.items():
         row[f"{name}_rel_err"] = rel_err(run(cfg), ref)

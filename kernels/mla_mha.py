@@ -31,8 +31,7 @@ LOG2E = 1.4426950408889634
 # 128 query rows on 8 warps, 64-key tiles, 3 stages (a tile's nope, rope and value rows: 40 KiB of shared memory a
 # stage). Of 24 configs on 16h x 4K and 32K and 128h x 4K (H200, kernels_h200_2026-12-01_*_grid-4), the best worst
 # case: 2.94x of the FLOP floor; 128-key tiles at 3 stages do not fit.
-# hopper: on an sm_90 GPU, kernels/prefill_hopper.py (Gluon, warp-specialized) where its shapes allow, for a context
-# decompressed whole (its windows run here).
+# hopper: on an sm_90 GPU, kernels/prefill_hopper.py (Gluon, warp-specialized) where its shapes allow.
 CONFIG = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "tiles_first": None, "hopper": True}
 CPU_CONFIG = {"block_m": 16, "block_n": 16}  # the interpreter runs small tiles faster
 # 1 GiB of decompressed keys and values at a time: 128K context tokens of V2-Lite (16 heads x 256 values x 2 bytes), 16K
@@ -217,12 +216,12 @@ def _launch(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, out, lse, scale, window_
     window of a longer context) each row's log-sum-exp is written there too."""
     num_seqs, heads, nope = cu_seqlens_q.shape[0] - 1, q_nope.shape[1], q_nope.shape[2]
     rope, v_dim = q_pe.shape[-1], out.shape[-1]
-    if (lse is None and cfg["hopper"] and prefill_hopper is not None
-            and prefill_hopper.mla_supported(q_nope, q_pe, kv, k_pe, v_dim)):
+    if cfg["hopper"] and prefill_hopper is not None and prefill_hopper.mla_supported(q_nope, q_pe, kv, k_pe, v_dim):
         grid, tiles_first = prefill_grid(max_q_len, prefill_hopper.BLOCK_M, heads, num_seqs, cfg["tiles_first"],
                                          q_nope.device)
         prefill_hopper.mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, scale * LOG2E, grid, tiles_first,
-                                          out, stages=cfg.get("hopper_stages", prefill_hopper.MLA_STAGES),
+                                          out, lse, (window_start, window_end),
+                                          stages=cfg.get("hopper_stages", prefill_hopper.MLA_STAGES),
                                           overlap=cfg.get("hopper_overlap", prefill_hopper.OVERLAP))
         return
     k_nope, v = kv[..., :nope], kv[..., nope:]

@@ -185,34 +185,42 @@ def _scores(q_s, qpe_s, k_s, kpe_s, ME: gl.constexpr, i, zeros, ROPE: gl.constex
 
 
 @gluon.jit
-def _softmax_step(s, i, whole, q_pos, cols, qk_scale, m, l):
-    """Tile i's scores into the online softmax: P (unnormalized, in the frame of the new max), the new max, the old
-    frame's factor and the row sums. Tiles from `whole` on are masked causally."""
+def _softmax_step(s, i, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED: gl.constexpr):
+    """Tile i's scores (keys: its first key's position + each column) into the online softmax: P (unnormalized, in
+    the frame of the new max), the new max, the old frame's factor and the row sums. Tiles from `whole` on are masked
+    (causally, and keys from kv_end on)."""
     s = s * qk_scale
     if i >= whole:
-        s = gl.where((i * 128 + cols)[None, :] <= q_pos[:, None], s, float("-inf"))
-    m_new = gl.maximum(m, gl.max(s, axis=1))  # finite from tile 0 on: every row sees key 0
-    alpha = gl.exp2(m - m_new)
-    p = gl.exp2(s - m_new[:, None])
+        keys = keys + i * 128
+        s = gl.where((keys[None, :] <= q_pos[:, None]) & (keys < kv_end)[None, :], s, float("-inf"))
+    m_new = gl.maximum(m, gl.max(s, axis=1))
+    frame = m_new  # finite from tile 0 on, unless WINDOWED: every row sees its sequence's key 0
+    if WINDOWED:  # a row may have seen no key of the window yet (its max -inf): P and alpha 0, not NaN
+        frame = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m - frame)
+    p = gl.exp2(s - frame[:, None])
     return p, m_new, alpha, l * alpha + gl.sum(p, axis=1)
 
 
 @gluon.jit
-def _values(acc, p, v_s, v_ready, i, seq_len, p_regs: gl.constexpr, ld: gl.constexpr):
-    """Issue acc += P x V of tile i once its values are in (the rows past the sequence's end zeroed first)."""
+def _values(acc, p, v_s, v_ready, i, tokens, p_regs: gl.constexpr, ld: gl.constexpr):
+    """Issue acc += P x V of tile i once its values are in (the rows past the sequence's end, `tokens` after the
+    first tile's first, zeroed first)."""
     STAGES: gl.constexpr = v_s.type.shape[0]
     v = v_s.index(i % STAGES)
     mbarrier.wait(v_ready.index(i % STAGES), (i // STAGES) & 1)
-    if (i + 1) * 128 > seq_len:
-        _zero_past_end(v, seq_len - i * 128, ld)
+    if (i + 1) * 128 > tokens:
+        _zero_past_end(v, tokens - i * 128, ld)
     return warpgroup_mma(gl.convert_layout(p.to(v_s.dtype), p_regs), v, acc, is_async=True)
 
 
 @gluon.jit
-def _consumer(ME: gl.constexpr, smem, bars, out_ptr, stride_o_tok, stride_o_head, qk_scale, q_start, q_len, prefix,
-              seq_len, q_tile, head, n_tiles, ROPE: gl.constexpr, OVERLAP: gl.constexpr):
-    """Rows ME x 64 .. + 63 of the query tile: the online softmax over the program's key tiles, then the output.
-    OVERLAP: tile i's scores issued before tile i - 1's P x V, its exponentials computed while that runs."""
+def _consumer(ME: gl.constexpr, smem, bars, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok, qk_scale,
+              q_start, q_len, prefix, seq_len, t_base, kv_end, q_tile, head, n_tiles, ROPE: gl.constexpr,
+              OVERLAP: gl.constexpr, WINDOWED: gl.constexpr):
+    """Rows ME x 64 .. + 63 of the query tile: the online softmax over the program's key tiles (tile i: the
+    sequence's tokens t_base + i x 128 ..), then the output (WINDOWED: with each row's log2-sum-exp, -inf where it saw
+    no key). OVERLAP: tile i's scores issued before tile i - 1's P x V, its exponentials computed while that runs."""
     q_s, qpe_s, k_s, kpe_s, v_s = smem
     q_ready, k_ready, v_ready, k_free, v_free = bars
     V_DIM: gl.constexpr = v_s.type.shape[2]
@@ -224,59 +232,69 @@ def _consumer(ME: gl.constexpr, smem, bars, out_ptr, stride_o_tok, stride_o_head
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     p_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    first = q_tile * 128 + ME * 64  # index among the new tokens of this consumer's first row
-    q_pos = prefix + first + gl.arange(0, 64, gl.SliceLayout(1, s_layout))
-    cols = gl.arange(0, 128, gl.SliceLayout(0, s_layout))
-    whole = gl.minimum((prefix + first + 1) // 128, n_tiles)  # tiles every row of it sees in full
+    row0 = q_tile * 128 + ME * 64  # index among the new tokens of this consumer's first row
+    q_pos = prefix + row0 + gl.arange(0, 64, gl.SliceLayout(1, s_layout))
+    keys = t_base + gl.arange(0, 128, gl.SliceLayout(0, s_layout))
+    # tiles every row of it sees in full (<= 0 where none: truncated, not floored)
+    whole = gl.maximum(gl.minimum(gl.minimum((prefix + row0 + 1 - t_base) // 128, (kv_end - t_base) // 128), n_tiles),
+                       0)
+    tokens = seq_len - t_base  # the sequence's tokens from the first tile's first
     zeros = gl.zeros([64, 128], gl.float32, s_layout)
 
     m = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([64, V_DIM], gl.float32, o_layout)
     mbarrier.wait(q_ready, 0)
-    if OVERLAP:
+    if OVERLAP and n_tiles > 0:
         mbarrier.wait(k_ready.index(0), 0)
         s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, ME, 0, zeros, ROPE)])
         mbarrier.arrive(k_free.index(0), count=1)
-        p, m, alpha, l = _softmax_step(s, 0, whole, q_pos, cols, qk_scale, m, l)
+        p, m, alpha, l = _softmax_step(s, 0, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED)
         for i in range(1, n_tiles):
             mbarrier.wait(k_ready.index(i % STAGES), (i // STAGES) & 1)
             s = _scores(q_s, qpe_s, k_s, kpe_s, ME, i, zeros, ROPE)
-            acc = _values(acc, p, v_s, v_ready, i - 1, seq_len, p_regs, ld)
+            acc = _values(acc, p, v_s, v_ready, i - 1, tokens, p_regs, ld)
             s = warpgroup_mma_wait(1, deps=[s])  # the scores (the older group): P x V may still run
             mbarrier.arrive(k_free.index(i % STAGES), count=1)
-            p, m, alpha, l = _softmax_step(s, i, whole, q_pos, cols, qk_scale, m, l)
+            p, m, alpha, l = _softmax_step(s, i, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED)
             acc = warpgroup_mma_wait(0, deps=[acc])
             mbarrier.arrive(v_free.index((i - 1) % STAGES), count=1)
             acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-        acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, n_tiles - 1, seq_len, p_regs, ld)])
+        acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, n_tiles - 1, tokens, p_regs, ld)])
         mbarrier.arrive(v_free.index((n_tiles - 1) % STAGES), count=1)
-    else:
+    elif not OVERLAP:
         for i in range(n_tiles):
             mbarrier.wait(k_ready.index(i % STAGES), (i // STAGES) & 1)
             s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, ME, i, zeros, ROPE)])
             mbarrier.arrive(k_free.index(i % STAGES), count=1)
-            p, m, alpha, l = _softmax_step(s, i, whole, q_pos, cols, qk_scale, m, l)
+            p, m, alpha, l = _softmax_step(s, i, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED)
             acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-            acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, i, seq_len, p_regs, ld)])
+            acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, i, tokens, p_regs, ld)])
             mbarrier.arrive(v_free.index(i % STAGES), count=1)
 
+    rows = row0 + gl.arange(0, 64, rows_o)
+    tok = (q_start + rows).to(gl.int64)
+    if WINDOWED:
+        lse = gl.where(l > 0.0, m + gl.log2(l), float("-inf"))
+        gl.store(lse_ptr + tok * stride_lse_tok + head, gl.convert_layout(lse, rows_o), mask=rows < q_len)
+        l = gl.where(l > 0.0, l, 1.0)
     l = gl.convert_layout(l, rows_o)
-    rows = first + gl.arange(0, 64, rows_o)
     dims = gl.arange(0, V_DIM, gl.SliceLayout(0, o_layout))
-    o_ptrs = out_ptr + (q_start + rows).to(gl.int64)[:, None] * stride_o_tok + head * stride_o_head + dims[None, :]
+    o_ptrs = out_ptr + tok[:, None] * stride_o_tok + head * stride_o_head + dims[None, :]
     gl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < q_len)[:, None])
 
 
-@gluon.jit(do_not_specialize=["stride_bt_seq", "tiles_first"])
+@gluon.jit(do_not_specialize=["stride_bt_seq", "tiles_first", "window_start", "window_end"])  # one variant a window
 def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
-                    out_ptr, qk_scale, tiles_first, stride_bt_seq, stride_o_tok, stride_o_head,
-                    q_head_cols, qpe_head_cols, k_head_cols, v_head_cols,
+                    out_ptr, lse_ptr, qk_scale, tiles_first, stride_bt_seq, stride_o_tok, stride_o_head,
+                    stride_lse_tok, q_head_cols, qpe_head_cols, k_head_cols, v_head_cols, window_start, window_end,
                     GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, STAGES: gl.constexpr,
-                    OVERLAP: gl.constexpr):
+                    OVERLAP: gl.constexpr, WINDOWED: gl.constexpr):
     """BLOCK_SIZE > 0: keys and values in the paged cache (block_table_ptr), seq_lens_ptr each sequence's length.
     BLOCK_SIZE 0: contiguous keys, seq_lens_ptr the cumulative lengths (sequence i's keys are rows [cu[i], cu[i+1]).
-    ROPE > 0: scores over q/k nope plus rope columns (qpe_desc, kpe_desc: the rope keys shared by every head)."""
+    ROPE > 0: scores over q/k nope plus rope columns (qpe_desc, kpe_desc: the rope keys shared by every head).
+    WINDOWED (contiguous keys): the keys and values hold the packed tokens [window_start, window_end) only; each row
+    attends over its sequence's tokens there and writes its log-sum-exp to lse_ptr (mla_mha's context windows)."""
     q_tile, head, seq = _program(tiles_first)
     q_start = gl.load(cu_seqlens_q_ptr + seq)
     q_len = gl.load(cu_seqlens_q_ptr + seq + 1) - q_start
@@ -292,7 +310,12 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
         seq_blocks = (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE
     prefix = seq_len - q_len
     kv_end = prefix + gl.minimum(q_len, (q_tile + 1) * 128)  # the tile's last query sees no further
-    n_tiles = (kv_end + 127) // 128
+    t_base = 0  # the sequence's first token its keys hold
+    if WINDOWED:
+        t_base = gl.maximum(window_start - k_start, 0)
+        k_start = k_start - window_start  # the row of its token 0 (negative where the window starts past it)
+        kv_end = gl.minimum(kv_end, window_end - window_start - k_start)
+    n_tiles = gl.maximum((kv_end - t_base + 127) // 128, 0)
     q_s = gl.allocate_shared_memory(q_desc.dtype, [2, 64, q_desc.block_type.shape[1]], q_desc.layout)
     k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 128, k_desc.block_type.shape[1]], k_desc.layout)
     v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 128, v_desc.block_type.shape[1]], v_desc.layout)
@@ -319,23 +342,24 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
     cols = (head * q_head_cols, head * qpe_head_cols, kv_head * k_head_cols, kv_head * v_head_cols)
     bt_row = block_table_ptr + seq * stride_bt_seq
     gl.warp_specialize([
-        (_consumer, (0, smem, bars, out_ptr, stride_o_tok, stride_o_head, qk_scale, q_start, q_len, prefix, seq_len,
-                     q_tile, head, n_tiles, ROPE, OVERLAP)),
-        (_consumer, (1, smem, bars, out_ptr, stride_o_tok, stride_o_head, qk_scale, q_start, q_len, prefix, seq_len,
-                     q_tile, head, n_tiles, ROPE, OVERLAP)),
+        (_consumer, (0, smem, bars, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok, qk_scale, q_start,
+                     q_len, prefix, seq_len, t_base, kv_end, q_tile, head, n_tiles, ROPE, OVERLAP, WINDOWED)),
+        (_consumer, (1, smem, bars, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok, qk_scale, q_start,
+                     q_len, prefix, seq_len, t_base, kv_end, q_tile, head, n_tiles, ROPE, OVERLAP, WINDOWED)),
         (_producer, ((q_desc, qpe_desc, k_desc, kpe_desc, v_desc), smem, bars, cols, bt_row, q_start + q_tile * 128,
-                     k_start, n_tiles, seq_blocks, BLOCK_SIZE, ROPE)),
+                     k_start + t_base, n_tiles, seq_blocks, BLOCK_SIZE, ROPE)),
     ], WARPS_C, REGS_C)
 
 
 def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first, group,
-            block_size, rope, stages, overlap):
+            block_size, rope, stages, overlap, lse=None, window=(0, 0)):
     (q_desc, q_hc), (qpe_desc, qpe_hc), (k_desc, k_hc), (kpe_desc, _), (v_desc, v_hc) = descs
     _prefill_hopper[grid](q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table, cu_seqlens_q, seq_lens, out,
-                          qk_scale, tiles_first, block_table.stride(0) if block_table.dim() == 2 else 0,
-                          out.stride(0), out.stride(1), q_hc, qpe_hc, k_hc, v_hc,
+                          out if lse is None else lse, qk_scale, tiles_first,
+                          block_table.stride(0) if block_table.dim() == 2 else 0, out.stride(0), out.stride(1),
+                          0 if lse is None else lse.stride(0), q_hc, qpe_hc, k_hc, v_hc, *window,
                           GROUP=group, BLOCK_SIZE=block_size, ROPE=rope, STAGES=stages, OVERLAP=overlap,
-                          num_warps=CONSUMER_WARPS, maxnreg=MAXNREG)
+                          WINDOWED=lse is not None, num_warps=CONSUMER_WARPS, maxnreg=MAXNREG)
     return out
 
 
@@ -352,12 +376,13 @@ def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_len
                    q.shape[1] // k_cache.shape[2], block_size, 0, stages, overlap)
 
 
-def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_scale, grid, tiles_first, out, *,
-                       stages=MLA_STAGES, overlap=OVERLAP):
-    """mla_mha's decompressed prefill over all of its context at once (mla_supported() must hold): q_nope [T, H,
-    128] and q_pe [T, H, 64] of the new tokens, kv [C, H, 256] every context token's per-head keys (nope) then
-    values, k_pe [C, 64] its rope keys, sequence i's at rows cu_seqlens_k[i]..; out [T, H, 128]."""
+def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_scale, grid, tiles_first, out, lse=None,
+                       window=(0, 0), *, stages=MLA_STAGES, overlap=OVERLAP):
+    """mla_mha's decompressed prefill (mla_supported() must hold): q_nope [T, H, 128] and q_pe [T, H, 64] of the new
+    tokens, kv [C, H, 256] the context tokens' per-head keys (nope) then values, k_pe [C, 64] their rope keys,
+    sequence i's token 0 at row cu_seqlens_k[i]; out [T, H, 128]. With lse [T, H], kv and k_pe hold the packed
+    context tokens window = (start, end) only, and lse gets each row's log2-sum-exp (-inf: no key in the window)."""
     descs = (_descriptor(q_nope, HALF_M), _descriptor(q_pe, HALF_M), _descriptor(kv[..., :128], BLOCK_N),
              _descriptor(k_pe.unsqueeze(1), BLOCK_N), _descriptor(kv[..., 128:], BLOCK_N))
     return _launch(grid, descs, cu_seqlens_k, cu_seqlens_q, cu_seqlens_k, out, qk_scale, tiles_first, 1, 0,
-                   q_pe.shape[-1], stages, overlap)
+                   q_pe.shape[-1], stages, overlap, lse, window)
