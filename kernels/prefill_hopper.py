@@ -31,6 +31,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .dispatch import sm_count
+
 BLOCK_M, BLOCK_N, HALF_M = 128, 128, 64  # query rows a program (two consumers of 64), keys a tile
 CONSUMER_WARPS, PRODUCER_WARPS = 4, 1
 # 12 warps (the producer's warpgroup counted whole): 168 registers a thread on average fill the multiprocessor's 64K.
@@ -40,6 +42,7 @@ MAXNREG, CONSUMER_REGS, PRODUCER_REGS = 168, 240, 24
 # its 48 KiB query tile. OVERLAP: _consumer's. On an H200 (prefill_hopper_h200_2026-12-02_*_run-2) OVERLAP took issue
 # 14's five dense cells 1.01-1.22x faster at 2 stages, and the third stage 0.97-1.06x more.
 STAGES, MLA_STAGES, OVERLAP = 3, 2, True
+PERSISTENT = True  # one program a multiprocessor, items in rounds (_launch)
 WARPS_C, REGS_C = gl.constexpr([CONSUMER_WARPS, PRODUCER_WARPS]), gl.constexpr([CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -96,17 +99,55 @@ def _descriptor(t, box_rows):
 
 
 @gluon.jit
-def _program(tiles_first):
-    """(query tile, query head, sequence) of prefill.prefill_grid's grid: the last query tile first."""
-    if tiles_first != 0:
-        tile = gl.num_programs(0) - 1 - gl.program_id(0)
-        head = gl.program_id(1)
-        seq = gl.program_id(2)
+def _item(k, order):
+    """This program's item of round k: (whether there is one, query tile, query head, sequence). Items are numbered
+    in prefill.prefill_grid's launch order (the last query tiles first: the heaviest) and dealt in a snake, round k
+    even to programs 0, 1, ..., odd to P - 1, P - 2, ..., so each program's total stays near the mean. A grid of one
+    program an item is prefill_grid's own launch."""
+    num_items, num_tiles, num_units, num_seqs, tiles_first = order
+    programs = gl.num_programs(0)
+    if k % 2 == 0:
+        at = k * programs + gl.program_id(0)
     else:
-        tile = gl.num_programs(2) - 1 - gl.program_id(2)
-        head = gl.program_id(0)
-        seq = gl.program_id(1)
-    return tile, head, seq
+        at = k * programs + programs - 1 - gl.program_id(0)
+    valid = at < num_items
+    at = gl.minimum(at, num_items - 1)
+    if tiles_first != 0:
+        tile = num_tiles - 1 - at % num_tiles
+        unit = (at // num_tiles) % num_units
+        seq = at // (num_tiles * num_units)
+    else:
+        unit = at % num_units
+        seq = (at // num_units) % num_seqs
+        tile = num_tiles - 1 - at // (num_units * num_seqs)
+    return valid, tile, unit, seq
+
+
+@gluon.jit
+def _geometry(q_tile, seq, problem, BLOCK_SIZE: gl.constexpr, WINDOWED: gl.constexpr):
+    """Query tile q_tile of sequence seq: its new tokens' first row and count, the row of its token 0 in the keys
+    (contiguous keys), its length and cache blocks (paged), where its new tokens start, where the tile's rows stop
+    seeing keys, the first token its keys hold (a window's), and the key tiles from there."""
+    cu_seqlens_q_ptr, seq_lens_ptr, window_start, window_end = problem
+    q_start = gl.load(cu_seqlens_q_ptr + seq)
+    q_len = gl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    if BLOCK_SIZE == 0:
+        k_start = gl.load(seq_lens_ptr + seq).to(gl.int32)
+        seq_len = gl.load(seq_lens_ptr + seq + 1).to(gl.int32) - k_start
+        seq_blocks = 0
+    else:
+        k_start = 0
+        seq_len = gl.load(seq_lens_ptr + seq)
+        seq_blocks = (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE
+    prefix = seq_len - q_len
+    kv_end = prefix + gl.minimum(q_len, (q_tile + 1) * 128)  # the tile's last query sees no further
+    t_base = 0
+    if WINDOWED:
+        t_base = gl.maximum(window_start - k_start, 0)
+        k_start = k_start - window_start  # negative where the window starts past its token 0
+        kv_end = gl.minimum(kv_end, window_end - window_start - k_start)
+    n_tiles = gl.maximum((kv_end - t_base + 127) // 128, 0)
+    return q_start, q_len, k_start, seq_len, seq_blocks, prefix, kv_end, t_base, n_tiles
 
 
 @gluon.jit
@@ -126,42 +167,58 @@ def _load_tile(desc, i, k_start, bt_row, seq_blocks, col, bar, dest, BLOCK_SIZE:
 
 
 @gluon.jit
-def _producer(descs, smem, bars, cols, bt_row, q_row, k_start, n_tiles, seq_blocks, BLOCK_SIZE: gl.constexpr,
-              ROPE: gl.constexpr):
-    """The query tile once, then every key tile's K and, a tile behind, its V into the ring of stages, each once both
-    consumers are done with the stage's last one."""
+def _producer(descs, smem, bars, head_cols, problem, order, block_table_ptr, stride_bt_seq, GROUP: gl.constexpr,
+              BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, WINDOWED: gl.constexpr):
+    """For each item: its query tile once both consumers are done with the last one's, then every key tile's K and,
+    a tile behind, its V into the ring of stages (continued across items), each once both consumers are done with the
+    stage's last one."""
     q_desc, qpe_desc, k_desc, kpe_desc, v_desc = descs
     q_s, qpe_s, k_s, kpe_s, v_s = smem
-    q_ready, k_ready, v_ready, k_free, v_free = bars
-    q_col, qpe_col, k_col, v_col = cols
+    q_ready, q_free, k_ready, v_ready, k_free, v_free = bars
+    q_cols, qpe_cols, k_cols, v_cols = head_cols
     STAGES: gl.constexpr = k_s.type.shape[0]
     K_BYTES: gl.constexpr = (128 // k_desc.block_type.shape[0]) * k_desc.block_type.nbytes
-    if ROPE > 0:
-        mbarrier.expect(q_ready, 2 * (q_desc.block_type.nbytes + qpe_desc.block_type.nbytes))
-        tma.async_copy_global_to_shared(qpe_desc, [q_row, qpe_col], q_ready, qpe_s.index(0))
-        tma.async_copy_global_to_shared(qpe_desc, [q_row + 64, qpe_col], q_ready, qpe_s.index(1))
-    else:
-        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, q_col], q_ready, q_s.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + 64, q_col], q_ready, q_s.index(1))
-    for i in range(n_tiles + 1):
-        if i < n_tiles:
-            stage = i % STAGES
-            mbarrier.wait(k_free.index(stage), ((i // STAGES) & 1) ^ 1)
-            if ROPE > 0:  # the rope keys every head shares, contiguous
-                mbarrier.expect(k_ready.index(stage), K_BYTES + kpe_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(kpe_desc, [k_start + i * 128, 0], k_ready.index(stage),
-                                                kpe_s.index(stage))
+    items = 0  # items done: the query buffer's fills
+    tiles = 0  # key tiles done: the ring's fills
+    for k in range(gl.cdiv(order[0], gl.num_programs(0))):
+        valid, q_tile, head, seq = _item(k, order)
+        q_start, q_len, k_start, seq_len, seq_blocks, prefix, kv_end, t_base, n_tiles = _geometry(
+            q_tile, seq, problem, BLOCK_SIZE, WINDOWED)
+        if valid & (q_tile * 128 < q_len):
+            q_row = q_start + q_tile * 128
+            mbarrier.wait(q_free, (items & 1) ^ 1)
+            if ROPE > 0:
+                mbarrier.expect(q_ready, 2 * (q_desc.block_type.nbytes + qpe_desc.block_type.nbytes))
+                tma.async_copy_global_to_shared(qpe_desc, [q_row, head * qpe_cols], q_ready, qpe_s.index(0))
+                tma.async_copy_global_to_shared(qpe_desc, [q_row + 64, head * qpe_cols], q_ready, qpe_s.index(1))
             else:
-                mbarrier.expect(k_ready.index(stage), K_BYTES)
-            _load_tile(k_desc, i, k_start, bt_row, seq_blocks, k_col, k_ready.index(stage), k_s.index(stage),
-                       BLOCK_SIZE)
-        if i > 0:  # the values a tile behind: a consumer needs tile i's keys before tile i - 1's values
-            stage = (i - 1) % STAGES
-            mbarrier.wait(v_free.index(stage), (((i - 1) // STAGES) & 1) ^ 1)
-            mbarrier.expect(v_ready.index(stage), (128 // v_desc.block_type.shape[0]) * v_desc.block_type.nbytes)
-            _load_tile(v_desc, i - 1, k_start, bt_row, seq_blocks, v_col, v_ready.index(stage), v_s.index(stage),
-                       BLOCK_SIZE)
+                mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [q_row, head * q_cols], q_ready, q_s.index(0))
+            tma.async_copy_global_to_shared(q_desc, [q_row + 64, head * q_cols], q_ready, q_s.index(1))
+            bt_row = block_table_ptr + seq * stride_bt_seq
+            k_row = k_start + t_base
+            kv_head = head // GROUP
+            for i in range(n_tiles + 1):
+                if i < n_tiles:
+                    stage = (tiles + i) % STAGES
+                    mbarrier.wait(k_free.index(stage), (((tiles + i) // STAGES) & 1) ^ 1)
+                    if ROPE > 0:  # the rope keys every head shares, contiguous
+                        mbarrier.expect(k_ready.index(stage), K_BYTES + kpe_desc.block_type.nbytes)
+                        tma.async_copy_global_to_shared(kpe_desc, [k_row + i * 128, 0], k_ready.index(stage),
+                                                        kpe_s.index(stage))
+                    else:
+                        mbarrier.expect(k_ready.index(stage), K_BYTES)
+                    _load_tile(k_desc, i, k_row, bt_row, seq_blocks, kv_head * k_cols, k_ready.index(stage),
+                               k_s.index(stage), BLOCK_SIZE)
+                if i > 0:  # the values a tile behind: a consumer needs tile i's keys before tile i - 1's values
+                    stage = (tiles + i - 1) % STAGES
+                    mbarrier.wait(v_free.index(stage), (((tiles + i - 1) // STAGES) & 1) ^ 1)
+                    mbarrier.expect(v_ready.index(stage),
+                                    (128 // v_desc.block_type.shape[0]) * v_desc.block_type.nbytes)
+                    _load_tile(v_desc, i - 1, k_row, bt_row, seq_blocks, kv_head * v_cols, v_ready.index(stage),
+                               v_s.index(stage), BLOCK_SIZE)
+            items += 1
+            tiles += n_tiles
 
 
 @gluon.jit
@@ -175,12 +232,14 @@ def _zero_past_end(v_tile, valid, layout: gl.constexpr):
 
 
 @gluon.jit
-def _scores(q_s, qpe_s, k_s, kpe_s, ME: gl.constexpr, i, zeros, ROPE: gl.constexpr):
-    """Issue tile i's scores for this consumer's rows (nope, then rope columns where there are any)."""
+def _scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME: gl.constexpr, c, zeros, ROPE: gl.constexpr):
+    """Issue the scores of the ring's c-th key tile for this consumer's rows (nope, then rope columns where there are
+    any) once its keys are in."""
     STAGES: gl.constexpr = k_s.type.shape[0]
-    s = warpgroup_mma(q_s.index(ME), k_s.index(i % STAGES).permute((1, 0)), zeros, is_async=True)
+    mbarrier.wait(k_ready.index(c % STAGES), (c // STAGES) & 1)
+    s = warpgroup_mma(q_s.index(ME), k_s.index(c % STAGES).permute((1, 0)), zeros, is_async=True)
     if ROPE > 0:
-        s = warpgroup_mma(qpe_s.index(ME), kpe_s.index(i % STAGES).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qpe_s.index(ME), kpe_s.index(c % STAGES).permute((1, 0)), s, is_async=True)
     return s
 
 
@@ -203,26 +262,26 @@ def _softmax_step(s, i, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED: gl
 
 
 @gluon.jit
-def _values(acc, p, v_s, v_ready, i, tokens, p_regs: gl.constexpr, ld: gl.constexpr):
-    """Issue acc += P x V of tile i once its values are in (the rows past the sequence's end, `tokens` after the
-    first tile's first, zeroed first)."""
+def _values(acc, p, v_s, v_ready, c, rest, p_regs: gl.constexpr, ld: gl.constexpr):
+    """Issue acc += P x V of the ring's c-th tile once its values are in (its rows past the sequence's end, `rest`
+    tokens from its first, zeroed first)."""
     STAGES: gl.constexpr = v_s.type.shape[0]
-    v = v_s.index(i % STAGES)
-    mbarrier.wait(v_ready.index(i % STAGES), (i // STAGES) & 1)
-    if (i + 1) * 128 > tokens:
-        _zero_past_end(v, tokens - i * 128, ld)
+    v = v_s.index(c % STAGES)
+    mbarrier.wait(v_ready.index(c % STAGES), (c // STAGES) & 1)
+    if rest < 128:
+        _zero_past_end(v, rest, ld)
     return warpgroup_mma(gl.convert_layout(p.to(v_s.dtype), p_regs), v, acc, is_async=True)
 
 
 @gluon.jit
-def _consumer(ME: gl.constexpr, smem, bars, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok, qk_scale,
-              q_start, q_len, prefix, seq_len, t_base, kv_end, q_tile, head, n_tiles, ROPE: gl.constexpr,
-              OVERLAP: gl.constexpr, WINDOWED: gl.constexpr):
-    """Rows ME x 64 .. + 63 of the query tile: the online softmax over the program's key tiles (tile i: the
+def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head,
+              stride_lse_tok, qk_scale, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, OVERLAP: gl.constexpr,
+              WINDOWED: gl.constexpr):
+    """For each item, rows ME x 64 .. + 63 of its query tile: the online softmax over its key tiles (tile i: the
     sequence's tokens t_base + i x 128 ..), then the output (WINDOWED: with each row's log2-sum-exp, -inf where it saw
     no key). OVERLAP: tile i's scores issued before tile i - 1's P x V, its exponentials computed while that runs."""
     q_s, qpe_s, k_s, kpe_s, v_s = smem
-    q_ready, k_ready, v_ready, k_free, v_free = bars
+    q_ready, q_free, k_ready, v_ready, k_free, v_free = bars
     V_DIM: gl.constexpr = v_s.type.shape[2]
     STAGES: gl.constexpr = k_s.type.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -232,90 +291,86 @@ def _consumer(ME: gl.constexpr, smem, bars, out_ptr, lse_ptr, stride_o_tok, stri
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     p_regs: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    row0 = q_tile * 128 + ME * 64  # index among the new tokens of this consumer's first row
-    q_pos = prefix + row0 + gl.arange(0, 64, gl.SliceLayout(1, s_layout))
-    keys = t_base + gl.arange(0, 128, gl.SliceLayout(0, s_layout))
-    # tiles every row of it sees in full (<= 0 where none: truncated, not floored)
-    whole = gl.maximum(gl.minimum(gl.minimum((prefix + row0 + 1 - t_base) // 128, (kv_end - t_base) // 128), n_tiles),
-                       0)
-    tokens = seq_len - t_base  # the sequence's tokens from the first tile's first
     zeros = gl.zeros([64, 128], gl.float32, s_layout)
+    items = 0
+    tiles = 0
+    for k in range(gl.cdiv(order[0], gl.num_programs(0))):
+        valid, q_tile, head, seq = _item(k, order)
+        q_start, q_len, k_start, seq_len, seq_blocks, prefix, kv_end, t_base, n_tiles = _geometry(
+            q_tile, seq, problem, BLOCK_SIZE, WINDOWED)
+        if valid & (q_tile * 128 < q_len):
+            row0 = q_tile * 128 + ME * 64  # index among the new tokens of this consumer's first row
+            q_pos = prefix + row0 + gl.arange(0, 64, gl.SliceLayout(1, s_layout))
+            keys = t_base + gl.arange(0, 128, gl.SliceLayout(0, s_layout))
+            # tiles every row of it sees in full (<= 0 where none: truncated, not floored)
+            whole = gl.maximum(gl.minimum(gl.minimum((prefix + row0 + 1 - t_base) // 128, (kv_end - t_base) // 128),
+                                          n_tiles), 0)
+            tokens = seq_len - t_base  # the sequence's tokens from the first tile's first
+            m = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+            l = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_layout))
+            acc = gl.zeros([64, V_DIM], gl.float32, o_layout)
+            mbarrier.wait(q_ready, items & 1)
+            if OVERLAP and n_tiles > 0:
+                s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, tiles, zeros, ROPE)])
+                mbarrier.arrive(k_free.index(tiles % STAGES), count=1)
+                p, m, alpha, l = _softmax_step(s, 0, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED)
+                for i in range(1, n_tiles):
+                    c = tiles + i
+                    s = _scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, c, zeros, ROPE)
+                    acc = _values(acc, p, v_s, v_ready, c - 1, tokens - (i - 1) * 128, p_regs, ld)
+                    s = warpgroup_mma_wait(1, deps=[s])  # the scores (the older group): P x V may still run
+                    mbarrier.arrive(k_free.index(c % STAGES), count=1)
+                    p, m, alpha, l = _softmax_step(s, i, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED)
+                    acc = warpgroup_mma_wait(0, deps=[acc])
+                    mbarrier.arrive(v_free.index((c - 1) % STAGES), count=1)
+                    acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+                mbarrier.arrive(q_free, count=1)  # every score of the item done: the next query may load
+                c = tiles + n_tiles - 1
+                acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, c, tokens - (n_tiles - 1) * 128,
+                                                          p_regs, ld)])
+                mbarrier.arrive(v_free.index(c % STAGES), count=1)
+            else:
+                if not OVERLAP:
+                    for i in range(n_tiles):
+                        c = tiles + i
+                        s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, c, zeros,
+                                                                ROPE)])
+                        mbarrier.arrive(k_free.index(c % STAGES), count=1)
+                        p, m, alpha, l = _softmax_step(s, i, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED)
+                        acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+                        acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, c, tokens - i * 128, p_regs,
+                                                                  ld)])
+                        mbarrier.arrive(v_free.index(c % STAGES), count=1)
+                mbarrier.arrive(q_free, count=1)
 
-    m = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([64, V_DIM], gl.float32, o_layout)
-    mbarrier.wait(q_ready, 0)
-    if OVERLAP and n_tiles > 0:
-        mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, ME, 0, zeros, ROPE)])
-        mbarrier.arrive(k_free.index(0), count=1)
-        p, m, alpha, l = _softmax_step(s, 0, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED)
-        for i in range(1, n_tiles):
-            mbarrier.wait(k_ready.index(i % STAGES), (i // STAGES) & 1)
-            s = _scores(q_s, qpe_s, k_s, kpe_s, ME, i, zeros, ROPE)
-            acc = _values(acc, p, v_s, v_ready, i - 1, tokens, p_regs, ld)
-            s = warpgroup_mma_wait(1, deps=[s])  # the scores (the older group): P x V may still run
-            mbarrier.arrive(k_free.index(i % STAGES), count=1)
-            p, m, alpha, l = _softmax_step(s, i, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED)
-            acc = warpgroup_mma_wait(0, deps=[acc])
-            mbarrier.arrive(v_free.index((i - 1) % STAGES), count=1)
-            acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-        acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, n_tiles - 1, tokens, p_regs, ld)])
-        mbarrier.arrive(v_free.index((n_tiles - 1) % STAGES), count=1)
-    elif not OVERLAP:
-        for i in range(n_tiles):
-            mbarrier.wait(k_ready.index(i % STAGES), (i // STAGES) & 1)
-            s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, ME, i, zeros, ROPE)])
-            mbarrier.arrive(k_free.index(i % STAGES), count=1)
-            p, m, alpha, l = _softmax_step(s, i, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED)
-            acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-            acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, i, tokens, p_regs, ld)])
-            mbarrier.arrive(v_free.index(i % STAGES), count=1)
-
-    rows = row0 + gl.arange(0, 64, rows_o)
-    tok = (q_start + rows).to(gl.int64)
-    if WINDOWED:
-        lse = gl.where(l > 0.0, m + gl.log2(l), float("-inf"))
-        gl.store(lse_ptr + tok * stride_lse_tok + head, gl.convert_layout(lse, rows_o), mask=rows < q_len)
-        l = gl.where(l > 0.0, l, 1.0)
-    l = gl.convert_layout(l, rows_o)
-    dims = gl.arange(0, V_DIM, gl.SliceLayout(0, o_layout))
-    o_ptrs = out_ptr + tok[:, None] * stride_o_tok + head * stride_o_head + dims[None, :]
-    gl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < q_len)[:, None])
+            rows = row0 + gl.arange(0, 64, rows_o)
+            tok = (q_start + rows).to(gl.int64)
+            if WINDOWED:
+                lse = gl.where(l > 0.0, m + gl.log2(l), float("-inf"))
+                gl.store(lse_ptr + tok * stride_lse_tok + head, gl.convert_layout(lse, rows_o), mask=rows < q_len)
+                l = gl.where(l > 0.0, l, 1.0)
+            l = gl.convert_layout(l, rows_o)
+            dims = gl.arange(0, V_DIM, gl.SliceLayout(0, o_layout))
+            o_ptrs = out_ptr + tok[:, None] * stride_o_tok + head * stride_o_head + dims[None, :]
+            gl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < q_len)[:, None])
+            items += 1
+            tiles += n_tiles
 
 
-@gluon.jit(do_not_specialize=["stride_bt_seq", "tiles_first", "window_start", "window_end"])  # one variant a window
+@gluon.jit(do_not_specialize=["stride_bt_seq", "window_start", "window_end", "num_items", "num_tiles", "num_seqs",
+                              "tiles_first"])  # one variant for every window and batch
 def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
-                    out_ptr, lse_ptr, qk_scale, tiles_first, stride_bt_seq, stride_o_tok, stride_o_head,
-                    stride_lse_tok, q_head_cols, qpe_head_cols, k_head_cols, v_head_cols, window_start, window_end,
+                    out_ptr, lse_ptr, qk_scale, stride_bt_seq, stride_o_tok, stride_o_head, stride_lse_tok,
+                    q_head_cols, qpe_head_cols, k_head_cols, v_head_cols, window_start, window_end,
+                    num_items, num_tiles, num_units, num_seqs, tiles_first,
                     GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, STAGES: gl.constexpr,
                     OVERLAP: gl.constexpr, WINDOWED: gl.constexpr):
-    """BLOCK_SIZE > 0: keys and values in the paged cache (block_table_ptr), seq_lens_ptr each sequence's length.
+    """Items: (query tile, query head, sequence), num_items of them (_item), taken by the programs in rounds.
+    BLOCK_SIZE > 0: keys and values in the paged cache (block_table_ptr), seq_lens_ptr each sequence's length.
     BLOCK_SIZE 0: contiguous keys, seq_lens_ptr the cumulative lengths (sequence i's keys are rows [cu[i], cu[i+1]).
     ROPE > 0: scores over q/k nope plus rope columns (qpe_desc, kpe_desc: the rope keys shared by every head).
     WINDOWED (contiguous keys): the keys and values hold the packed tokens [window_start, window_end) only; each row
     attends over its sequence's tokens there and writes its log-sum-exp to lse_ptr (mla_mha's context windows)."""
-    q_tile, head, seq = _program(tiles_first)
-    q_start = gl.load(cu_seqlens_q_ptr + seq)
-    q_len = gl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    if q_tile * 128 >= q_len:
-        return
-    if BLOCK_SIZE == 0:
-        k_start = gl.load(seq_lens_ptr + seq).to(gl.int32)
-        seq_len = gl.load(seq_lens_ptr + seq + 1).to(gl.int32) - k_start
-        seq_blocks = 0
-    else:
-        k_start = 0
-        seq_len = gl.load(seq_lens_ptr + seq)
-        seq_blocks = (seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE
-    prefix = seq_len - q_len
-    kv_end = prefix + gl.minimum(q_len, (q_tile + 1) * 128)  # the tile's last query sees no further
-    t_base = 0  # the sequence's first token its keys hold
-    if WINDOWED:
-        t_base = gl.maximum(window_start - k_start, 0)
-        k_start = k_start - window_start  # the row of its token 0 (negative where the window starts past it)
-        kv_end = gl.minimum(kv_end, window_end - window_start - k_start)
-    n_tiles = gl.maximum((kv_end - t_base + 127) // 128, 0)
     q_s = gl.allocate_shared_memory(q_desc.dtype, [2, 64, q_desc.block_type.shape[1]], q_desc.layout)
     k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 128, k_desc.block_type.shape[1]], k_desc.layout)
     v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 128, v_desc.block_type.shape[1]], v_desc.layout)
@@ -326,45 +381,54 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
         qpe_s = q_s
         kpe_s = k_s
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_free, count=2)  # both consumers
     for b in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(b), count=1)
         mbarrier.init(v_ready.index(b), count=1)
-        mbarrier.init(k_free.index(b), count=2)  # both consumers
+        mbarrier.init(k_free.index(b), count=2)
         mbarrier.init(v_free.index(b), count=2)
     smem = (q_s, qpe_s, k_s, kpe_s, v_s)
-    bars = (q_ready, k_ready, v_ready, k_free, v_free)
-    kv_head = head // GROUP
-    cols = (head * q_head_cols, head * qpe_head_cols, kv_head * k_head_cols, kv_head * v_head_cols)
-    bt_row = block_table_ptr + seq * stride_bt_seq
+    bars = (q_ready, q_free, k_ready, v_ready, k_free, v_free)
+    problem = (cu_seqlens_q_ptr, seq_lens_ptr, window_start, window_end)
+    order = (num_items, num_tiles, num_units, num_seqs, tiles_first)
     gl.warp_specialize([
-        (_consumer, (0, smem, bars, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok, qk_scale, q_start,
-                     q_len, prefix, seq_len, t_base, kv_end, q_tile, head, n_tiles, ROPE, OVERLAP, WINDOWED)),
-        (_consumer, (1, smem, bars, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok, qk_scale, q_start,
-                     q_len, prefix, seq_len, t_base, kv_end, q_tile, head, n_tiles, ROPE, OVERLAP, WINDOWED)),
-        (_producer, ((q_desc, qpe_desc, k_desc, kpe_desc, v_desc), smem, bars, cols, bt_row, q_start + q_tile * 128,
-                     k_start + t_base, n_tiles, seq_blocks, BLOCK_SIZE, ROPE)),
+        (_consumer, (0, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
+                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED)),
+        (_consumer, (1, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
+                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED)),
+        (_producer, ((q_desc, qpe_desc, k_desc, kpe_desc, v_desc), smem, bars,
+                     (q_head_cols, qpe_head_cols, k_head_cols, v_head_cols), problem, order, block_table_ptr,
+                     stride_bt_seq, GROUP, BLOCK_SIZE, ROPE, WINDOWED)),
     ], WARPS_C, REGS_C)
 
 
 def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first, group,
-            block_size, rope, stages, overlap, lse=None, window=(0, 0)):
+            block_size, rope, stages, overlap, persistent, lse=None, window=(0, 0)):
+    """The kernel over prefill_grid's items (its grid and order): one program an item, or with `persistent` one a
+    multiprocessor (shared memory holds one) taking items in rounds, the next item's query and first keys loaded
+    under the last one's end."""
     (q_desc, q_hc), (qpe_desc, qpe_hc), (k_desc, k_hc), (kpe_desc, _), (v_desc, v_hc) = descs
-    _prefill_hopper[grid](q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table, cu_seqlens_q, seq_lens, out,
-                          out if lse is None else lse, qk_scale, tiles_first,
-                          block_table.stride(0) if block_table.dim() == 2 else 0, out.stride(0), out.stride(1),
-                          0 if lse is None else lse.stride(0), q_hc, qpe_hc, k_hc, v_hc, *window,
-                          GROUP=group, BLOCK_SIZE=block_size, ROPE=rope, STAGES=stages, OVERLAP=overlap,
-                          WINDOWED=lse is not None, num_warps=CONSUMER_WARPS, maxnreg=MAXNREG)
+    tiles, units, seqs = grid if tiles_first else (grid[2], grid[0], grid[1])
+    items = tiles * units * seqs
+    programs = min(items, sm_count(out.device)) if persistent else items
+    _prefill_hopper[(programs,)](
+        q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table, cu_seqlens_q, seq_lens, out,
+        out if lse is None else lse, qk_scale, block_table.stride(0) if block_table.dim() == 2 else 0,
+        out.stride(0), out.stride(1), 0 if lse is None else lse.stride(0), q_hc, qpe_hc, k_hc, v_hc, *window,
+        items, tiles, units, seqs, tiles_first,
+        GROUP=group, BLOCK_SIZE=block_size, ROPE=rope, STAGES=stages, OVERLAP=overlap, WINDOWED=lse is not None,
+        num_warps=CONSUMER_WARPS, maxnreg=MAXNREG)
     return out
 
 
 def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, qk_scale, grid, tiles_first, out,
-                         *, stages=STAGES, overlap=OVERLAP):
+                         *, stages=STAGES, overlap=OVERLAP, persistent=PERSISTENT):
     """prefill.paged_prefill on this kernel (supported() must hold), over prefill.prefill_grid's grid of BLOCK_M-row
     query tiles by query heads by sequences. qk_scale: the softmax scale times log2(e)."""
     block_size = k_cache.shape[1]
@@ -373,11 +437,11 @@ def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_len
     k_desc = _descriptor(_tokens(k_cache), box)
     descs = (q_desc, q_desc, k_desc, k_desc, _descriptor(_tokens(v_cache), box))  # no rope: its slots unused
     return _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first,
-                   q.shape[1] // k_cache.shape[2], block_size, 0, stages, overlap)
+                   q.shape[1] // k_cache.shape[2], block_size, 0, stages, overlap, persistent)
 
 
 def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_scale, grid, tiles_first, out, lse=None,
-                       window=(0, 0), *, stages=MLA_STAGES, overlap=OVERLAP):
+                       window=(0, 0), *, stages=MLA_STAGES, overlap=OVERLAP, persistent=PERSISTENT):
     """mla_mha's decompressed prefill (mla_supported() must hold): q_nope [T, H, 128] and q_pe [T, H, 64] of the new
     tokens, kv [C, H, 256] the context tokens' per-head keys (nope) then values, k_pe [C, 64] their rope keys,
     sequence i's token 0 at row cu_seqlens_k[i]; out [T, H, 128]. With lse [T, H], kv and k_pe hold the packed
@@ -385,4 +449,4 @@ def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_sc
     descs = (_descriptor(q_nope, HALF_M), _descriptor(q_pe, HALF_M), _descriptor(kv[..., :128], BLOCK_N),
              _descriptor(k_pe.unsqueeze(1), BLOCK_N), _descriptor(kv[..., 128:], BLOCK_N))
     return _launch(grid, descs, cu_seqlens_k, cu_seqlens_q, cu_seqlens_k, out, qk_scale, tiles_first, 1, 0,
-                   q_pe.shape[-1], stages, overlap, lse, window)
+                   q_pe.shape[-1], stages, overlap, persistent, lse, window)
