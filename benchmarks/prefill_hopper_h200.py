@@ -29,8 +29,9 @@ HOPPER = {"hopper": True}
 TRITON = {"hopper": False}
 # the Gluon configs checked and timed beside Triton's (the default first). run-2: OVERLAP (FlashAttention-3's
 # intra-warpgroup pipelining) 1.01-1.22x faster than without on the 5 dense cells, a third stage 0.97-1.06x more.
-# per_item: one program an item (prefill_grid's launch), not one a multiprocessor taking items in rounds.
-VARIANTS = {"hopper": HOPPER, "per_item": {**HOPPER, "hopper_persistent": False}}
+# The default is persistent up to 8K new tokens (run-5); per_item and persistent force one way.
+VARIANTS = {"hopper": HOPPER, "per_item": {**HOPPER, "hopper_persistent": False},
+            "persistent": {**HOPPER, "hopper_persistent": True}}
 # (query heads, KV heads, [(sequence length, new tokens)], cache block size, dtype, tiles_first)
 CHECKS = [
     (28, 4, [(2048, 2048)], 16, torch.bfloat16, None),

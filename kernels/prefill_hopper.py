@@ -42,7 +42,12 @@ MAXNREG, CONSUMER_REGS, PRODUCER_REGS = 168, 240, 24
 # its 48 KiB query tile. OVERLAP: _consumer's. On an H200 (prefill_hopper_h200_2026-12-02_*_run-2) OVERLAP took issue
 # 14's five dense cells 1.01-1.22x faster at 2 stages, and the third stage 0.97-1.06x more.
 STAGES, MLA_STAGES, OVERLAP = 3, 2, True
-PERSISTENT = True  # one program a multiprocessor, items in rounds (_launch)
+# Persistent (_launch): one program a multiprocessor taking items in rounds, where no prompt has more than
+# PERSISTENT_UP_TO new tokens (None: that rule; True/False: always/never). On an H200 (prefill_hopper_h200_2026-12-02_*
+# _run-5) persistent against one program an item: up to 8K new tokens 1.01-1.22x faster (8 x 2K 0.643 -> 0.525 ms),
+# at 32K 0.77-0.93x (MLA 16h 8.8 -> 11.5 ms): programs that launch in step read the same keys from L2, dealt ones
+# drift apart over long key ranges.
+PERSISTENT, PERSISTENT_UP_TO = None, 8192
 WARPS_C, REGS_C = gl.constexpr([CONSUMER_WARPS, PRODUCER_WARPS]), gl.constexpr([CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -416,6 +421,8 @@ def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, til
     (q_desc, q_hc), (qpe_desc, qpe_hc), (k_desc, k_hc), (kpe_desc, _), (v_desc, v_hc) = descs
     tiles, units, seqs = grid if tiles_first else (grid[2], grid[0], grid[1])
     items = tiles * units * seqs
+    if persistent is None:
+        persistent = tiles * BLOCK_M <= PERSISTENT_UP_TO
     programs = min(items, sm_count(out.device)) if persistent else items
     _prefill_hopper[(programs,)](
         q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table, cu_seqlens_q, seq_lens, out,

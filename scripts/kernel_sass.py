@@ -41,9 +41,9 @@ def ptxas_info(verbose: str) -> dict:
             "spill_loads": number(r"(\d+) bytes spill loads")}
 
 
-def hot_loop(sass: str) -> dict | None:
-    """The innermost loop with tensor-core instructions (a backward branch's range): its instructions, HMMA/HGMMA,
-    LDL and STL; None where no loop runs them."""
+def hot_loop(sass: str, min_mma: int = 1) -> dict | None:
+    """The innermost loop with at least min_mma tensor-core instructions (a backward branch's range): its
+    instructions, HMMA/HGMMA, LDL and STL; None where no loop runs them."""
     labels, instructions, pending = {}, [], []
     for line in sass.splitlines():
         label = LABEL.match(line)
@@ -64,5 +64,5 @@ def hot_loop(sass: str) -> dict | None:
             loops.append({"instructions": len(body), "mma": sum(bool(re.search(r"\bH(G)?MMA", t)) for t in body),
                           "LDL": sum(bool(re.search(r"\bLDL\b", t)) for t in body),
                           "STL": sum(bool(re.search(r"\bSTL\b", t)) for t in body)})
-    with_mma = [loop for loop in loops if loop["mma"]]
+    with_mma = [loop for loop in loops if loop["mma"] >= min_mma]
     return min(with_mma, key=lambda loop: loop["instructions"]) if with_mma else None
