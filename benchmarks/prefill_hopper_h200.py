@@ -11,7 +11,6 @@ CPU suite only compiles it for sm_90).
 Writes prefill_hopper_h200.json to DIR ($OUT on the device machine) and prints a short table last.
 """
 import argparse
-import json
 import math
 import os
 import re
@@ -21,7 +20,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels_h200 as grid  # noqa: E402
-from kernels_h200 import Cell, bench_graph, copy_bandwidth, matmul_rate, rel_err  # noqa: E402
+from check_run import check_then_time  # noqa: E402
+from kernels_h200 import Cell, bench_graph, rel_err  # noqa: E402
 from kernels import mla_mha, prefill, reference  # noqa: E402
 
 BOUND = 0.01  # relative error of a bf16 output against the float32 reference (kernels_h200.BF16_BOUND)
@@ -171,32 +171,12 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    result = {"device": torch.cuda.get_device_name(), "checks": [], "cells": []}
-
-    def save():
-        with open(os.path.join(args.out, "prefill_hopper_h200.json"), "w") as f:
-            json.dump(result, f, indent=1)
-
-    specs = [(check, spec) for spec in CHECKS] + [(mla_check, spec) for spec in MLA_CHECKS]
-    for run_check, spec in specs[:args.checks]:
-        try:
-            row = run_check(*spec, gen)
-        except Exception as e:  # noqa: BLE001 - recorded; a fault poisons the context, so the run stops here
-            row = {"heads": str(spec[:2]), "seqs": str(spec[-1])[:60], "error": repr(e)[:300], "ok": False}
-        print("check", json.dumps(row), flush=True)
-        result["checks"].append(row)
-        save()
-        if "error" in row:
-            return 1
-    bandwidth, rate = copy_bandwidth(), matmul_rate()
-    result.update(bandwidth=bandwidth, mm_rate=rate)
-    print(f"copy {bandwidth / 1e12:.3f} TB/s, mm {rate / 1e12:.0f} TFLOP/s", flush=True)
-    for c in args.cells:
-        row = time_cell(c, bandwidth, rate, gen)
-        print("cell", json.dumps(row), flush=True)
-        result["cells"].append(row)
-        save()
-    print(f"\nchecks: {sum(r['ok'] for r in result['checks'])} of {len(result['checks'])} within {BOUND}")
+    checks = [(f"{spec[:2]} {spec[2]}", lambda spec=spec: check(*spec, gen)) for spec in CHECKS]
+    checks += [(f"MLA {spec[0]}h {spec[1]}", lambda spec=spec: mla_check(*spec, gen)) for spec in MLA_CHECKS]
+    result = check_then_time(os.path.join(args.out, "prefill_hopper_h200.json"), checks[:args.checks], args.cells,
+                             time_cell, gen)
+    if result is None:
+        return 1
     names = [*VARIANTS, "triton", "sdpa"]
     print(f"{'prefill cell':36} {'floor ms':>9}" + "".join(f"{n + ' ms':>11} {'x':>6}" for n in names)
           + f" {'triton / ' + names[0]:>16}")
