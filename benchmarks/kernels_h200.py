@@ -148,9 +148,9 @@ def rel_err(out, ref):
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def scattered_tables(lengths, gen):
+def scattered_tables(lengths, gen, block_size=BLOCK):
     """Block tables over a cache with every block of every sequence at a random place."""
-    blocks_per_seq = [math.ceil(n / BLOCK) for n in lengths]
+    blocks_per_seq = [math.ceil(n / block_size) for n in lengths]
     width = max(blocks_per_seq)
     num_blocks = sum(blocks_per_seq) + 8
     perm = torch.randperm(num_blocks, generator=gen)

@@ -24,7 +24,7 @@ from check_run import check_then_time  # noqa: E402
 from kernels_h200 import Cell, bench_graph, bf16, rel_err  # noqa: E402
 from kernels import mla, reference  # noqa: E402
 
-BOUND = 0.01  # relative error of a bf16 output against the float32 reference (kernels_h200.BF16_BOUND)
+BOUND = grid.BF16_BOUND  # relative error of a bf16 output against the float32 reference
 SEESAW = {**mla.MANY_HEADS_CONFIG, "hopper": True, "seesaw": True}  # kernels/mla_seesaw.py, the default
 HOPPER = {**SEESAW, "seesaw": False}  # kernels/mla_hopper.py, the kernel it replaced
 TRITON = {**SEESAW, "hopper": False}
@@ -46,21 +46,8 @@ CELLS = ["b1x1K", "b1x32K", "b1x128K", "b8x1K", "b8x4K", "b32x1K", "b32x4K", "b8
          "b256x32K"]
 
 
-def scattered(lengths, block_size, gen):
-    """A block table with every sequence's blocks at random places in a cache with spare blocks."""
-    per_seq = [-(-n // block_size) for n in lengths]
-    num_blocks = sum(per_seq) + 3
-    perm = torch.randperm(num_blocks, generator=gen)
-    table = torch.zeros(len(lengths), max(1, max(per_seq)), dtype=torch.int32)
-    at = 0
-    for i, nb in enumerate(per_seq):
-        table[i, :nb] = perm[at:at + nb].to(torch.int32)
-        at += nb
-    return table.cuda(), num_blocks
-
-
 def check(heads, lengths, block_size, programs, gen):
-    table, num_blocks = scattered(lengths, block_size, gen)
+    table, num_blocks = grid.scattered_tables(lengths, gen, block_size)
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     q_lat = bf16(heads, len(lengths), 512).transpose(0, 1)  # the stack's layout
     q_pe, cache, scale = bf16(len(lengths), heads, 64), bf16(num_blocks, block_size, 576), (128 + 64) ** -0.5
