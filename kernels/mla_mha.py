@@ -216,7 +216,8 @@ def _launch(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, out, lse, scale, window_
     window of a longer context) each row's log-sum-exp is written there too."""
     num_seqs, heads, nope = cu_seqlens_q.shape[0] - 1, q_nope.shape[1], q_nope.shape[2]
     rope, v_dim = q_pe.shape[-1], out.shape[-1]
-    if cfg["hopper"] and prefill_hopper is not None and prefill_hopper.mla_supported(q_nope, q_pe, kv, k_pe, v_dim):
+    if (cfg["hopper"] and prefill_hopper is not None and prefill_hopper.mla_supported(q_nope, q_pe, kv, k_pe, v_dim)
+            and cu_seqlens_q.dtype == torch.int32):  # the Gluon kernel's index type (cu_k: int64, read as such)
         grid, tiles_first = prefill_grid(max_q_len, prefill_hopper.BLOCK_M, heads, num_seqs, cfg["tiles_first"],
                                          q_nope.device)
         prefill_hopper.mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, scale * LOG2E, grid, tiles_first,

@@ -186,7 +186,8 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
         max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     group = num_q_heads // num_kv_heads
     cfg = {**CONFIG, **(CPU_CONFIG if q.device.type == "cpu" else {}), **(config or {})}
-    if cfg["hopper"] and prefill_hopper is not None and prefill_hopper.supported(q, k_cache, v_cache):
+    if (cfg["hopper"] and prefill_hopper is not None and prefill_hopper.supported(q, k_cache, v_cache)
+            and cu_seqlens_q.dtype == seq_lens.dtype == torch.int32):  # the Gluon kernel's index types
         grid, tiles_first = prefill_grid(max_q_len, prefill_hopper.BLOCK_M, num_q_heads, num_seqs, cfg["tiles_first"],
                                          q.device)
         return prefill_hopper.paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
