@@ -34,6 +34,10 @@ CASES = {  # name: (cell, config name or None)
     "mla128-b1x4K": (Cell(MLA_DECODE, 1, 4096, 1, 128, 1, 512, 64), None),
     "mla128-b8x1K": (Cell(MLA_DECODE, 8, 1024, 1, 128, 1, 512, 64), None),
     "mla128-b32x1K": (Cell(MLA_DECODE, 32, 1024, 1, 128, 1, 512, 64), None),
+    # one sequence: 1.6-3x of the floor where batches of the same kernels reach 0.95-1.15x (*_grid-17)
+    "gqa28-b1x32K": (Cell(DECODE, 1, 32768, 1, 28, 4, 128), None),
+    "mla16-b1x64K": (Cell(MLA_DECODE, 1, 65536, 1, 16, 1, 512, 64), None),
+    "mla128-b1x32K": (Cell(MLA_DECODE, 1, 32768, 1, 128, 1, 512, 64), None),
 }
 
 
