@@ -1,8 +1,9 @@
 """The Hopper MLA decodes (Gluon: kernels/mla_seesaw.py, the default, and kernels/mla_hopper.py) on an H200, in one
 device call: their answers against the float32 reference and Triton's kernel on shapes that exercise the split (odd
 lengths, empty sequences, one long sequence merged from many partials, any grid, 16- and 64-token cache blocks, the
-stack's transposed query layout), then their time beside Triton's (kernels/mla.py at the same config, hopper off) on
-128-head cells of issue 14's grid, timed as kernels_h200.py times them (CUDA-graph replays, L2 flushed, layers' caches
+stack's transposed query layout, fewer heads than a 64-head block), then their time beside Triton's (kernels/mla.py
+at its default config for the head count, hopper off) on 128- and 16-head cells of issue 14's grid (16 heads: one
+block, 48 rows masked), timed as kernels_h200.py times them (CUDA-graph replays, L2 flushed, layers' caches
 past L2). Triton's interpreter cannot run Gluon: this is the kernels' correctness test on the GPU (the CPU suite only
 compiles them for sm_90).
 
@@ -27,7 +28,13 @@ from kernels import mla, reference  # noqa: E402
 BOUND = grid.BF16_BOUND  # relative error of a bf16 output against the float32 reference
 SEESAW = {**mla.MANY_HEADS_CONFIG, "hopper": True, "seesaw": True}  # kernels/mla_seesaw.py, the default
 HOPPER = {**SEESAW, "seesaw": False}  # kernels/mla_hopper.py, the kernel it replaced
-TRITON = {**SEESAW, "hopper": False}
+
+
+def triton_config(heads):
+    """Triton's kernel at the default config for this many heads (64-head blocks above 32 heads, 16 at 16)."""
+    return {**mla.decode_config(heads), "hopper": False}
+
+
 # the Gluon kernels checked and timed beside Triton's (the default first). Tried and dropped: "overlap" (2026-12-02
 # run-2), mla_hopper's next scores queued behind this tile's P x V, 1.04-1.08x slower; "prefetch" (run-9), cache rows
 # pulled into L2 (cp.async.bulk.prefetch.L2) 2 or 4 tiles ahead of their copies, 1.2-1.5x slower.
@@ -41,9 +48,14 @@ CHECKS = [
     (128, [129, 3000, 1, 777], 16, 7),  # not a multiple of the head blocks
     (256, [5000] * 3 + [40], 16, 264),  # 4 head blocks, more programs than tiles
     (128, [33] * 40, 64, None),  # many whole sequences a range
+    # fewer heads than a block (V2-Lite's 16; 40 a block and a part): the rows past the last head masked
+    (16, [1, 17, 64, 65, 1000, 4097], 16, None),
+    (16, [70000], 16, None),
+    (40, [0, 300, 0, 5, 2048, 63], 64, None),
 ]
 CELLS = ["b1x1K", "b1x32K", "b1x128K", "b8x1K", "b8x4K", "b32x1K", "b32x4K", "b8x32K", "b128x4K", "b256x4K",
-         "b256x32K"]
+         "b256x32K", "16h:b1x32K", "16h:b1x64K", "16h:b1x128K", "16h:b8x4K", "16h:b8x32K", "16h:b32x4K", "16h:b32x32K",
+         "16h:b256x4K", "16h:b256x32K"]
 
 
 def check(heads, lengths, block_size, programs, gen):
@@ -58,7 +70,7 @@ def check(heads, lengths, block_size, programs, gen):
 
     ref = reference.mla_decode(q_lat.float(), q_pe.float(), cache.float(), table, seq_lens, scale)
     row = {"heads": heads, "lengths": lengths if len(lengths) < 10 else f"{len(lengths)} x {lengths[0]}",
-           "block_size": block_size, "programs": programs, "triton_rel_err": rel_err(run(TRITON), ref)}
+           "block_size": block_size, "programs": programs, "triton_rel_err": rel_err(run(triton_config(heads)), ref)}
     for name, cfg in VARIANTS.items():
         out = run(cfg)
         row[f"{name}_rel_err"] = rel_err(out, ref) if not out.isnan().any() else math.inf
@@ -67,20 +79,21 @@ def check(heads, lengths, block_size, programs, gen):
 
 
 def cell(name):
-    """b<batch>x<context>K, as b8x4K: a 128-head MLA decode cell (argparse's type: a bad name is a usage error)."""
-    found = re.fullmatch(r"b(\d+)x(\d+)K", name)
+    """[<heads>h:]b<batch>x<context>K, as b8x4K (128 heads) or 16h:b1x64K: an MLA decode cell (argparse's type: a bad
+    name is a usage error)."""
+    found = re.fullmatch(r"(?:(\d+)h:)?b(\d+)x(\d+)K", name)
     if not found:
-        raise argparse.ArgumentTypeError(f"{name!r} is not a cell: b<batch>x<context>K, as b8x4K")
-    return Cell(grid.MLA_DECODE, int(found[1]), int(found[2]) * 1024, 1, 128, 1, 512, 64)
+        raise argparse.ArgumentTypeError(f"{name!r} is not a cell: [<heads>h:]b<batch>x<context>K, as 16h:b8x4K")
+    return Cell(grid.MLA_DECODE, int(found[2]), int(found[3]) * 1024, 1, int(found[1] or 128), 1, 512, 64)
 
 
 def time_cell(c, bandwidth, rate, gen):
     layers = grid.cell_layers(c, grid.GRID)
     floor = grid.floor_ms(grid.traffic_bytes(c), grid.attention_flops(c), bandwidth, rate)
     build = grid.mla_decode_cell(c, layers, gen)
-    triton_out = build["output_with"](TRITON)
+    triton_out = build["output_with"](triton_config(c.q_heads))
     row = {"cell": c.name, "floor_us": floor * 1e3}
-    for name, cfg in {**VARIANTS, "triton": TRITON}.items():
+    for name, cfg in {**VARIANTS, "triton": triton_config(c.q_heads)}.items():
         us = bench_graph(build["with_config"](cfg), grid.replays_for(floor * layers)) / layers * 1e3
         row.update({f"{name}_us": us, f"{name}_x": us / (floor * 1e3)})
         if name != "triton":
@@ -92,7 +105,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"))
     parser.add_argument("--cells", nargs="*", type=cell, default=[cell(name) for name in CELLS],
-                        help="128-head cells to time, as b8x4K")
+                        help="cells to time, as b8x4K (128 heads) or 16h:b1x64K")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
@@ -102,7 +115,7 @@ def main():
     if result is None:
         return 1
     names = [*VARIANTS, "triton"]
-    print(f"{'MLA 128h cell':22} {'floor us':>9}" + "".join(f"{n + ' us':>12} {'x':>6}" for n in names)
+    print(f"{'MLA cell':22} {'floor us':>9}" + "".join(f"{n + ' us':>12} {'x':>6}" for n in names)
           + f" {'triton / ' + names[0]:>16}")
     for r in result["cells"]:
         times = "".join(f"{r[n + '_us']:12.1f} {r[n + '_x']:6.2f}" for n in names)

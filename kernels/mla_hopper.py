@@ -27,13 +27,12 @@ HEAD_BLOCK, BLOCK_N, NUM_WARPS = 64, 64, 8
 
 
 def supported(q_latent, q_pe, latent_cache, num_heads: int) -> bool:
-    """This kernel's shapes: a Hopper GPU, bf16, the DeepSeek latent (512 + 64), whole 64-head blocks, rows that
-    cp.async can copy 16 bytes at a time."""
+    """This kernel's shapes: a Hopper GPU, bf16, the DeepSeek latent (512 + 64), rows that cp.async can copy 16 bytes
+    at a time. Heads come in 64-head blocks, the last one masked where they are fewer."""
     rank, rope = q_latent.shape[-1], latent_cache.shape[-1] - q_latent.shape[-1]
     rows = (q_latent, q_pe, latent_cache)
     return (q_latent.device.type == "cuda" and _is_hopper(q_latent.device.index)
             and q_latent.dtype == latent_cache.dtype == q_pe.dtype == torch.bfloat16 and (rank, rope) == (512, 64)
-            and num_heads % HEAD_BLOCK == 0
             and all(t.data_ptr() % 16 == 0 and all(st % 8 == 0 for st in t.stride()[:-1]) for t in rows))
 
 
@@ -121,14 +120,15 @@ def _tile_landed():
 
 @gluon.jit
 def _store_segment(o, m, l, rows_o: gl.constexpr, whole, x, first, seq, head_block, o_rows, o_cols, out_ptr,
-                   part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, HEADS: gl.constexpr, RANK: gl.constexpr,
-                   STORE_LSE: gl.constexpr):
+                   part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, HEADS: gl.constexpr,
+                   NUM_HEADS: gl.constexpr, RANK: gl.constexpr, STORE_LSE: gl.constexpr):
     """A segment's output o (its columns o_cols): the sequence's answer in bf16 if the segment is all of it, else a
     float32 partial with its log-sum-exp m + log2(l) (l in layout rows_o), slot 0 for the range's first sequence and 1
     for its last (work_split.store_range_result)."""
     if whole:
-        o_ptrs = out_ptr + seq * stride_o_seq + (head_block * HEADS + o_rows)[:, None] * stride_o_head
-        gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16))
+        heads = head_block * HEADS + o_rows
+        o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head
+        gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16), mask=(heads < NUM_HEADS)[:, None])
     else:
         at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * HEADS + o_rows
         gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o)
@@ -144,8 +144,8 @@ def _mla_decode_hopper(
     stride_c_block, stride_c_tok,
     stride_bt_seq,
     stride_o_seq, stride_o_head,
-    NUM_HEAD_BLOCKS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
+    NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
 ):
     """Range j of head block `pid % NUM_HEAD_BLOCKS`'s tile line, as _mla_decode."""
     HEADS: gl.constexpr = 64
@@ -165,6 +165,7 @@ def _mla_decode_hopper(
                                                                       NUM_HEAD_BLOCKS, MIN_TILES, TILE, SEQS_PAD, line)
 
     q_heads = head_block * HEADS + gl.arange(0, HEADS, gl.SliceLayout(1, ld))
+    q_rows = (q_heads < NUM_HEADS)[:, None]  # a block past the last head (fewer than 64): zeros, never stored
     toks = gl.arange(0, TILE, gl.SliceLayout(1, ld))
     lat_cols = gl.arange(0, RANK, gl.SliceLayout(0, ld))
     pe_cols = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
@@ -178,9 +179,9 @@ def _mla_decode_hopper(
         bt_row = block_table_ptr + seq * stride_bt_seq
 
         cp.async_copy_global_to_shared(q_lat_s, q_latent_ptr + seq * stride_ql_seq
-                                       + q_heads[:, None] * stride_ql_head + lat_cols[None, :])
+                                       + q_heads[:, None] * stride_ql_head + lat_cols[None, :], mask=q_rows)
         cp.async_copy_global_to_shared(q_pe_s, q_pe_ptr + seq * stride_qp_seq
-                                       + q_heads[:, None] * stride_qp_head + pe_cols[None, :])
+                                       + q_heads[:, None] * stride_qp_head + pe_cols[None, :], mask=q_rows)
         _load_tile(k_lat_s.index(0), k_pe_s.index(0), cache_ptr, _tile_blocks(bt_row, start, end, toks, BLOCK_SIZE),
                    start, end, stride_c_block, stride_c_tok, toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
         cp.commit_group()
@@ -224,7 +225,7 @@ def _mla_decode_hopper(
         l_out = gl.convert_layout(gl.sum(l_acc, axis=1), gl.SliceLayout(1, o_layout))
         _store_segment(acc / l_out[:, None], m, l_out, gl.SliceLayout(1, o_layout), (t_first == 0) & (count == n), x,
                        first, seq, head_block, o_rows, o_cols, out_ptr, part_out_ptr, part_lse_ptr, stride_o_seq,
-                       stride_o_head, HEADS, RANK, True)
+                       stride_o_head, HEADS, NUM_HEADS, RANK, True)
         x = seg_end
 
 
@@ -234,7 +235,7 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
     mla_seesaw's) over one wave (one program a multiprocessor: ~216 KiB of shared memory each), then merge the
     partials. qk_scale: the softmax scale times log2(e)."""
     num_seqs, num_heads, rank = q_latent.shape
-    units = num_heads // HEAD_BLOCK
+    units = -(-num_heads // HEAD_BLOCK)  # the last block masked where heads are fewer (16: V2-Lite)
     if num_programs is None:
         num_programs = sm_count(q_latent.device)
     num_programs = units * max(1, num_programs // units)  # whole ranges per head block
@@ -248,7 +249,7 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
         qk_scale, num_seqs, num_programs,
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
-        NUM_HEAD_BLOCKS=units, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
+        NUM_HEAD_BLOCKS=units, NUM_HEADS=num_heads, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
         MIN_TILES=min_tiles, num_warps=num_warps)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=HEAD_BLOCK,
                    head_dim=rank, block_n=BLOCK_N, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles)

@@ -77,7 +77,7 @@ def _seesaw_partition(
     qk_scale, num_seqs, num_programs,
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
     stride_o_seq, stride_o_head,
-    NUM_HEAD_BLOCKS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+    NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
     SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
@@ -96,6 +96,7 @@ def _seesaw_partition(
     head_block, first, last, seqs, lens, tiles, ends = _program_range(seq_lens_ptr, num_seqs, num_programs,
                                                                       NUM_HEAD_BLOCKS, MIN_TILES, 64, SEQS_PAD, line)
     q_heads = head_block * HEADS + gl.arange(0, HEADS, gl.SliceLayout(1, ld))
+    q_rows = (q_heads < NUM_HEADS)[:, None]  # a block past the last head (fewer than 64): zeros, never stored
     lat_cols = gl.arange(0, RANK, gl.SliceLayout(0, ld))
     pe_cols = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
     s_cols = gl.arange(0, 64, gl.SliceLayout(0, s_layout))
@@ -119,9 +120,9 @@ def _seesaw_partition(
             if segments > 0:
                 mbarrier.wait(q_free, (segments - 1) & 1)  # partition 1 has scored its last tile with the old query
             cp.async_copy_global_to_shared(q_lat_s.index(0), q_latent_ptr + seq * stride_ql_seq
-                                           + q_heads[:, None] * stride_ql_head + lat_cols[None, :])
+                                           + q_heads[:, None] * stride_ql_head + lat_cols[None, :], mask=q_rows)
             cp.async_copy_global_to_shared(q_pe_s.index(0), q_pe_ptr + seq * stride_qp_seq
-                                           + q_heads[:, None] * stride_qp_head + pe_cols[None, :])
+                                           + q_heads[:, None] * stride_qp_head + pe_cols[None, :], mask=q_rows)
             cp.mbarrier_arrive(q_ready, increment_count=False)
             fills_0 = _own_tile(0, 0, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0, cache_ptr, bt_row,
                                 start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
@@ -234,7 +235,7 @@ def _seesaw_partition(
         l_all = gl.convert_layout(l + l_s.index(par + 1 - ME).load(rows_s), rows_o)
         _store_segment(acc / l_all[:, None], m, l_all, rows_o, (t_first == 0) & (count == n), x, first, seq,
                        head_block, o_rows, o_cols, out_ptr, part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head,
-                       HEADS, RANK, ME == 0)  # one log-sum-exp, partition 0's
+                       HEADS, NUM_HEADS, RANK, ME == 0)  # one log-sum-exp, partition 0's
         segments += 1
         x = seg_end
 
@@ -247,7 +248,7 @@ def _mla_decode_seesaw(
     stride_c_block, stride_c_tok,
     stride_bt_seq,
     stride_o_seq, stride_o_head,
-    NUM_HEAD_BLOCKS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+    NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
     SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
 ):
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -281,12 +282,12 @@ def _mla_decode_seesaw(
         (_seesaw_partition, (0, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
-                             stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
+                             stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
                              MIN_TILES)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
-                             stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
+                             stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
                              MIN_TILES)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
