@@ -56,6 +56,11 @@ MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block"
 # faster on the same 11 cells, b256 x 4K 737 -> 618 us (1.71x -> 1.44x of the floor; *_run-9, variant seesaw-pf0).
 MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
                      "split_tail": True, "hopper": True, "seesaw": True}
+# Up to 16 heads where the seesaw runs (an sm_90 GPU): one 64-head block, the rows past the last head masked (4x the
+# products, still under the latent's bytes on the H200: 64 rows x 1088 x 2 FLOP a 1152-byte row, 121 FLOP a byte
+# against 165) and one partial a program, not three. Against _mla_decode's 16-head blocks on 9 16-head cells, before
+# the partials were cut to 16 rows: 0.95-1.07x the speed (b256 x 32K 2569 -> 2405 us; mla_hopper_h200_2026-12-02_*_run-10).
+FEW_HEADS_HOPPER_CONFIG = MANY_HEADS_CONFIG
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator). Of 24 configs on a 4K prompt at 16 heads (same run), the fastest: 14.0x of the floor against 28.0x.
 PREFILL_CONFIG = {"rows": 32, "block_n": 64, "num_warps": 4, "num_stages": 2}
@@ -245,9 +250,11 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
     return out
 
 
-def decode_config(num_heads: int) -> dict:
-    """The tuned decode config for this many heads (per tensor-parallel rank)."""
-    return DEFAULT_CONFIG if num_heads <= 16 else MID_HEADS_CONFIG if num_heads <= 32 else MANY_HEADS_CONFIG
+def decode_config(num_heads: int, hopper: bool = False) -> dict:
+    """The tuned decode config for this many heads (per tensor-parallel rank); hopper: where the Gluon kernels run."""
+    if num_heads <= 16:
+        return FEW_HEADS_HOPPER_CONFIG if hopper else DEFAULT_CONFIG
+    return MID_HEADS_CONFIG if num_heads <= 32 else MANY_HEADS_CONFIG
 
 
 def _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads) -> bool:
@@ -269,7 +276,8 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     _, block_size, width = latent_cache.shape
     assert width == rank + rope, f"latent cache rows are {width} wide, queries {rank} + {rope}"
     assert q_latent.stride(-1) == 1 and q_pe.stride(-1) == 1 and latent_cache.stride(-1) == 1
-    cfg = {**decode_config(num_heads), **(config or {})}
+    hopper = mla_hopper is not None and mla_hopper.supported(q_latent, q_pe, latent_cache, num_heads)
+    cfg = {**decode_config(num_heads, hopper), **(config or {})}
     on_gpu = q_latent.device.type == "cuda"
     out = torch.empty_like(q_latent) if out is None else out
     if num_seqs == 0:

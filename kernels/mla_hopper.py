@@ -124,16 +124,19 @@ def _store_segment(o, m, l, rows_o: gl.constexpr, whole, x, first, seq, head_blo
                    NUM_HEADS: gl.constexpr, RANK: gl.constexpr, STORE_LSE: gl.constexpr):
     """A segment's output o (its columns o_cols): the sequence's answer in bf16 if the segment is all of it, else a
     float32 partial with its log-sum-exp m + log2(l) (l in layout rows_o), slot 0 for the range's first sequence and 1
-    for its last (work_split.store_range_result)."""
+    for its last (work_split.store_range_result). Partials hold min(HEADS, NUM_HEADS) rows: one long sequence
+    writes a partial a program, and 16 heads' are a quarter of a 64-head block's 128 KiB."""
     if whole:
         heads = head_block * HEADS + o_rows
         o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head
         gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16), mask=(heads < NUM_HEADS)[:, None])
     else:
-        at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * HEADS + o_rows
-        gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o)
+        PART_ROWS: gl.constexpr = HEADS if NUM_HEADS > HEADS else NUM_HEADS
+        at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * PART_ROWS + o_rows
+        held = o_rows < PART_ROWS
+        gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o, mask=held[:, None])
         if STORE_LSE:
-            gl.store(part_lse_ptr + at, gl.convert_layout(m, rows_o) + gl.log2(l))
+            gl.store(part_lse_ptr + at, gl.convert_layout(m, rows_o) + gl.log2(l), mask=held)
 
 
 @gluon.jit(do_not_specialize=RUN_TIME_INTS)
@@ -242,8 +245,9 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
     # ptxas rematerializes in mla_hopper's tile loop at 16 and 32 padded sequences (725 instructions a tile, not 552;
     # with the run-3 code it spilled there: 55 local loads a tile at 16), not from 64 to 1024
     seqs_pad = max(64, next_pow2(num_seqs))
-    part_out = torch.empty(num_programs * 2 * HEAD_BLOCK * rank, device=q_latent.device, dtype=torch.float32)
-    part_lse = torch.empty(num_programs * 2 * HEAD_BLOCK, device=q_latent.device, dtype=torch.float32)
+    rows = min(HEAD_BLOCK, num_heads)  # a partial's rows (_store_segment's PART_ROWS)
+    part_out = torch.empty(num_programs * 2 * rows * rank, device=q_latent.device, dtype=torch.float32)
+    part_lse = torch.empty(num_programs * 2 * rows, device=q_latent.device, dtype=torch.float32)
     kernel[(num_programs,)](
         q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
         qk_scale, num_seqs, num_programs,
@@ -251,7 +255,7 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
         NUM_HEAD_BLOCKS=units, NUM_HEADS=num_heads, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
         MIN_TILES=min_tiles, num_warps=num_warps)
-    merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=HEAD_BLOCK,
+    merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=rows,
                    head_dim=rank, block_n=BLOCK_N, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles)
     return out
 

@@ -45,7 +45,12 @@ COMBINE_MAX_TILE = 4096
 # (GQA 28/4 b32 x 1K 32.9 -> 36.2 us, grid-5). With the halving, 2 and 4 were 1.00x at the median of every decode
 # family, each slower somewhere (kernels_h200_2026-12-02_*_grid-11-per-sm-*: 128h b8 x 4K 1.14x at 4).
 COMBINE_PROGRAMS_PER_SM = 1
-COMBINE_ROW_SPLIT, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 64
+COMBINE_ROW_SPLIT, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 256
+# Then, where a sequence has more partials than COMBINE_UNROLL_J (one long sequence: 66-396 of them) and a step's tile
+# is what caps the partials it takes, the columns are halved again, down to a 32-byte sector a row: each step is a round
+# trip to memory, and the H200 spent 11-12 us merging one sequence's partials in 5-7 steps
+# (decode_ncu_2026-12-02_*_one-sequence.txt). Fewer partials (batches) keep the unrolled steps measured above.
+COMBINE_DIM_LEAST = 8
 # Up to this many partials a step, each is its own [rows, columns] tile, unrolled (few registers: 128 MLA heads x 32
 # sequences 27 -> 7.7 us, x 8 16 -> 5.4 us, GQA 28/4 x 32 5.6 -> 3.2 us); above it they are one [J, rows, columns]
 # tile spread over the threads, which one long sequence's hundreds of partials need (unrolled 64 a step, one 32K
@@ -228,9 +233,15 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
         else:
             break
     # partials a step: about as many as a sequence has, were the lengths equal (its share of the unit's ranges, + 1
-    # for the cuts), so few are masked; a power of two from 2 to J_SPLIT, 6 variants to compile at most
-    share = num_programs // (units * seqs) + 1
-    j_block = min(max(2, next_pow2(share)), COMBINE_J_SPLIT, max(1, COMBINE_MAX_TILE // (row_block * dim_block)))
+    # for the cuts), so few are masked; a power of two from 2 to J_SPLIT, 8 variants to compile at most
+    wanted = min(max(2, next_pow2(num_programs // (units * seqs) + 1)), COMBINE_J_SPLIT)
+
+    def j_block():
+        return min(wanted, max(1, COMBINE_MAX_TILE // (row_block * dim_block)))
+
+    while wanted > COMBINE_UNROLL_J and j_block() < wanted and dim_block > COMBINE_DIM_LEAST:
+        dim_block //= 2
+    j_block = j_block()
     combine_cut_units[(num_seqs, units * triton.cdiv(rows, row_block), triton.cdiv(head_dim, dim_block))](
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,

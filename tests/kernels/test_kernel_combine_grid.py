@@ -42,10 +42,17 @@ def test_128_mla_heads_at_batch_8_fill_the_gpu_without_thousands_of_programs(mon
 
 
 def test_few_sequences_split_rows_then_columns_until_a_program_a_multiprocessor(monkeypatch):
-    # one long 16-head MLA sequence: 8 programs at 16 rows x 64 columns; halved to 2 rows, then 32 columns
+    # one long 16-head MLA sequence: 8 programs at 16 rows x 64 columns; halved to 2 rows, then 32 columns (128
+    # programs), then to 8 columns so that a step takes all of its 132 partials (64 a step at 32 columns)
     programs, (j, rows, dims) = combine(monkeypatch, seqs=1, units=1, rows=16, head_dim=512, programs=132)
-    assert (rows, dims) == (2, 32) and programs == 128
-    assert j == work_split.COMBINE_J_SPLIT  # 132 ranges of one sequence: the most partials a step
+    assert (rows, dims) == (2, 8) and programs == 512
+    assert j == work_split.COMBINE_J_SPLIT and j * rows * dims <= work_split.COMBINE_MAX_TILE
+    # one 128-head sequence (2 units of 64, 66 partials each): 4 rows fill the GPU, 8 columns take 128 partials a step
+    programs, (j, rows, dims) = combine(monkeypatch, seqs=1, units=2, rows=64, head_dim=512, programs=132)
+    assert (rows, dims, j) == (4, 8, 128) and programs == 2048
+    # one GQA 28/4 sequence over 396 programs (99 partials a KV head): 16 columns for one step of 128, not two of 64
+    programs, (j, rows, dims) = combine(monkeypatch, seqs=1, units=4, rows=7, head_dim=128, programs=396)
+    assert (rows, dims, j) == (2, 16, 128) and programs == 128
     # 8 sequences of GQA 28/4: 64 programs at 8 rows, 256 at 2 (rows halved twice, columns kept)
     programs, (j, rows, dims) = combine(monkeypatch, seqs=8, units=4, rows=7, head_dim=128, programs=396)
     assert (rows, dims) == (2, 64) and programs == 256
