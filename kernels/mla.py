@@ -58,8 +58,11 @@ MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block
                      "split_tail": True, "hopper": True, "seesaw": True}
 # Up to 16 heads where the seesaw runs (an sm_90 GPU): one 64-head block, the rows past the last head masked (4x the
 # products, still under the latent's bytes on the H200: 64 rows x 1088 x 2 FLOP a 1152-byte row, 121 FLOP a byte
-# against 165) and one partial a program, not three. Against _mla_decode's 16-head blocks on 9 16-head cells, before
-# the partials were cut to 16 rows: 0.95-1.07x the speed (b256 x 32K 2569 -> 2405 us; mla_hopper_h200_2026-12-02_*_run-10).
+# against 165) and one partial a program of 16 rows (32 KiB), not three. Against _mla_decode's 16-head blocks on 9
+# 16-head cells: 1.07-1.30x faster (b1 x 64K 47.0 -> 40.2 us, b8 x 4K 34.9 -> 27.0, b256 x 32K 2590 -> 2362;
+# mla_hopper_h200_2026-12-02_*_run-11; 0.95-1.07x in run-10, partials of 64 rows). mla_hopper (seesaw off) was faster
+# still on one sequence (37.4 us at 64K) and slower from 32 sequences up (b256 x 32K 2789 us): the seesaw's worst is
+# the better.
 FEW_HEADS_HOPPER_CONFIG = MANY_HEADS_CONFIG
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator). Of 24 configs on a 4K prompt at 16 heads (same run), the fastest: 14.0x of the floor against 28.0x.

@@ -46,10 +46,12 @@ COMBINE_MAX_TILE = 4096
 # family, each slower somewhere (kernels_h200_2026-12-02_*_grid-11-per-sm-*: 128h b8 x 4K 1.14x at 4).
 COMBINE_PROGRAMS_PER_SM = 1
 COMBINE_ROW_SPLIT, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 256
-# Then, where a sequence has more partials than COMBINE_UNROLL_J (one long sequence: 66-396 of them) and a step's tile
-# is what caps the partials it takes, the columns are halved again, down to a 32-byte sector a row: each step is a round
-# trip to memory, and the H200 spent 11-12 us merging one sequence's partials in 5-7 steps
-# (decode_ncu_2026-12-02_*_one-sequence.txt). Fewer partials (batches) keep the unrolled steps measured above.
+# Then, where a step already takes its partials as one tile (more than COMBINE_UNROLL_J: one long sequence's hundreds)
+# and the tile is what caps how many, the columns are halved again, down to a 32-byte sector a row: each step is a
+# round trip to memory. One 16-head 64K sequence's 132 partials: 7 steps of 64 -> 1 of 256, combine 8.6 -> 4.7 us;
+# one GQA 28/4 128K sequence's 99: 4.0 -> 3.2 us (kernels_h200_2026-12-02_*_grid-18 against grid-17). Unrolled steps
+# stay as they are: 128 heads' 66 partials a 64-head block went from 5 unrolled steps of 16 to one tile of 128 at 8
+# columns (2048 programs) and took 15.5 us, not 7.6 (grid-18).
 COMBINE_DIM_LEAST = 8
 # Up to this many partials a step, each is its own [rows, columns] tile, unrolled (few registers: 128 MLA heads x 32
 # sequences 27 -> 7.7 us, x 8 16 -> 5.4 us, GQA 28/4 x 32 5.6 -> 3.2 us); above it they are one [J, rows, columns]
@@ -239,7 +241,7 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
     def j_block():
         return min(wanted, max(1, COMBINE_MAX_TILE // (row_block * dim_block)))
 
-    while wanted > COMBINE_UNROLL_J and j_block() < wanted and dim_block > COMBINE_DIM_LEAST:
+    while COMBINE_UNROLL_J < j_block() < wanted and dim_block > COMBINE_DIM_LEAST:
         dim_block //= 2
     j_block = j_block()
     combine_cut_units[(num_seqs, units * triton.cdiv(rows, row_block), triton.cdiv(head_dim, dim_block))](
