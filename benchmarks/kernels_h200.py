@@ -38,7 +38,8 @@ at 1K and 4K for 8, 32 and 256 sequences and on one long sequence (64K at 16 hea
 replays).
 
 --combine-programs-per-sm N times decode with its combine split until it has N programs a multiprocessor (the
-default's alternatives, side by side with a grid run at the default).
+default's alternatives, side by side with a grid run at the default). --no-pdl launches every kernel without
+programmatic dependent launch (kernels/dispatch.py PDL), the default's alternative.
 """
 import argparse
 import datetime
@@ -1093,6 +1094,7 @@ def main():
                              f"({', '.join(SWEEPS)}), every one if none is")
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILY_KEYS), metavar="FAMILY",
                         help=f"--grid runs only these kernel families ({', '.join(FAMILY_KEYS)})")
+    parser.add_argument("--no-pdl", action="store_true", help="no programmatic dependent launch (kernels/dispatch.py)")
     parser.add_argument("--combine-programs-per-sm", type=int, metavar="N",
                         help="decode's combine splits its blocks until it has N programs a multiprocessor (default "
                              f"{work_split.COMBINE_PROGRAMS_PER_SM}: kernels/work_split.py)")
@@ -1108,6 +1110,8 @@ def main():
     if args.families and not args.grid:
         parser.error("--families picks the grid's cells: run it with --grid")
     os.makedirs(args.out, exist_ok=True)
+    if args.no_pdl:
+        dispatch.PDL = False
     if args.combine_programs_per_sm is not None:
         work_split.COMBINE_PROGRAMS_PER_SM = args.combine_programs_per_sm
     t0 = time.time()
@@ -1120,9 +1124,11 @@ def main():
     env = {"date": datetime.date.today().isoformat(), "device": name, "sms": sms,
            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
            "defaults": {"decode": decode.DEFAULT_CONFIG, "mla": mla.DEFAULT_CONFIG,
+                        "mla_few_heads_hopper": mla.FEW_HEADS_HOPPER_CONFIG,
                         "mla_mid_heads": mla.MID_HEADS_CONFIG, "mla_many_heads": mla.MANY_HEADS_CONFIG,
                         "mla_prefill": mla.PREFILL_CONFIG, "mla_mha_prefill": mla_mha.CONFIG,
-                        "prefill": prefill.CONFIG, "combine_programs_per_sm": work_split.COMBINE_PROGRAMS_PER_SM}}
+                        "prefill": prefill.CONFIG, "combine_programs_per_sm": work_split.COMBINE_PROGRAMS_PER_SM,
+                        "pdl": dispatch.PDL}}
     log("env", json.dumps(env))
     torch.manual_seed(0)
     if args.grid:

@@ -10,8 +10,10 @@ merges the sequences that a range boundary cut.
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
-from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
+from .dispatch import (dot_precision, fix_triton_interpreter, launches_early, next_pow2, pdl_options,
+                       resident_programs, upcast_dots)
 from .dot import dot, softmax_update
 from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
                          tile_line)
@@ -82,9 +84,11 @@ def _decode(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
     """Range j of KV head `kv_head`'s tile line (kernels/work_split.py)."""
+    if PDL:  # launched early (dispatch.PDL): everything read here may come from the kernel before
+        gdc_wait()
     pid = tl.program_id(0)
     kv_head = pid % NUM_KV_HEADS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
@@ -131,7 +135,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
                   HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
                   BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
                   MIN_TILES=cfg["min_tiles"], DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(k_cache),
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_options(launches_early(q.device)))
     if on_gpu and cfg.get("maxnreg"):  # cap registers to fit more programs per multiprocessor
         consts["maxnreg"] = cfg["maxnreg"]
 

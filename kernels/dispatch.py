@@ -5,6 +5,10 @@ import os
 
 
 MAX_PROGRAMS_PER_SM = 32  # resident blocks per multiprocessor on sm_80/sm_90: a one-wave grid's cap
+# Programmatic dependent launch (sm_90 on): a kernel launched so may start while the one before it in the stream
+# drains, and waits (griddepcontrol.wait) before it reads what that one wrote. Decode's two short kernels a layer
+# (the attention, then the combine of its partials) lose the launch gap between them; False launches as before.
+PDL = True
 
 
 def use_triton(t) -> bool:
@@ -20,6 +24,23 @@ def _sm_count(index: int) -> int:
     import torch
 
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple:
+    import torch
+
+    return torch.cuda.get_device_capability(index)
+
+
+def launches_early(device) -> bool:
+    """Whether kernels on this device take programmatic dependent launch (PDL on, a CUDA GPU of sm_90 or later)."""
+    return PDL and device.type == "cuda" and _capability(device.index or 0)[0] >= 9
+
+
+def pdl_options(early: bool) -> dict:
+    """A Triton launch's PDL constexpr (its griddepcontrol.wait) and, where on, the launch option."""
+    return {"PDL": early, "launch_pdl": True} if early else {"PDL": False}
 
 
 def sm_count(device) -> int:

@@ -19,8 +19,9 @@ Every program sums seq_lens itself: no host sync.
 """
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
-from .dispatch import next_pow2, sm_count
+from .dispatch import launches_early, next_pow2, pdl_options, sm_count
 
 # Integer arguments that change from step to step (how many sequences, the grid, an eager step's block-table width):
 # Triton would compile a variant for each value equal to 1 or divisible by 16 it meets, inside the timed run where the
@@ -142,7 +143,7 @@ def combine_cut_units(
     stride_o_seq, stride_o_head,
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
-    J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, MIN_TILES: tl.constexpr,
+    J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, MIN_TILES: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
     unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
@@ -154,6 +155,8 @@ def combine_cut_units(
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
     ranges = line_ranges(num_programs, UNITS, total, MIN_TILES)
     n = tl.sum(tl.where(seqs == seq, tiles, 0), 0)
+    if PDL:  # launched early (dispatch.PDL): the attention kernel's partials and outputs are complete past this
+        gdc_wait()
     rows = tl.program_id(1) % row_blocks * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
     heads = unit * ROWS + rows
     row_mask = (rows < ROWS) & (heads < NUM_HEADS)
@@ -248,6 +251,6 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
         HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
-        UNROLL=j_block <= COMBINE_UNROLL_J, MIN_TILES=min_tiles,
+        UNROLL=j_block <= COMBINE_UNROLL_J, MIN_TILES=min_tiles, **pdl_options(launches_early(out.device)),
         num_warps=4,
     )
