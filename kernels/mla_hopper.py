@@ -1,5 +1,5 @@
 """MLA decode in 64-head blocks on Hopper (sm_90), in Gluon: the 128-head (V2/V3) decode, which the H200 runs
-compute-bound.
+compute-bound (fewer heads than a block: its rows past the last head load zeros and are never stored).
 
 Same work as kernels/mla.py's _mla_decode at 64-head blocks (same split of the tile line into ranges, same partials
 for work_split.combine_cut_units), with the layouts Triton's compiler cannot choose: Triton gives the scores'
@@ -253,8 +253,8 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
         qk_scale, num_seqs, num_programs,
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
-        NUM_HEAD_BLOCKS=units, NUM_HEADS=num_heads, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad,
-        MIN_TILES=min_tiles, num_warps=num_warps)
+        NUM_HEAD_BLOCKS=units, NUM_HEADS=num_heads, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1],
+        SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, num_warps=num_warps)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=rows,
                    head_dim=rank, block_n=BLOCK_N, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles)
     return out

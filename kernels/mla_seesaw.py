@@ -1,5 +1,6 @@
-"""MLA decode in 64-head blocks on Hopper: FlashMLA's seesaw, in Gluon. The default for 64-head blocks on sm_90
-(config seesaw); kernels/mla_hopper.py stays as the simpler kernel it replaced.
+"""MLA decode in 64-head blocks on Hopper: FlashMLA's seesaw, in Gluon. The default on sm_90 for more than 32 heads
+and for 16 or fewer (one block, the rows past the last head masked: mla.FEW_HEADS_HOPPER_CONFIG); kernels/mla_hopper.py
+stays as the simpler kernel it replaced.
 
 kernels/mla_hopper.py splits each tile's scores between its two warpgroups at n32 (the query re-read from shared
 memory for every 32 keys) and overlaps nothing with the tensor cores (ncu: 42% busy; kernels_h200_2026-12-02_notes.md,
@@ -77,8 +78,8 @@ def _seesaw_partition(
     qk_scale, num_seqs, num_programs,
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
     stride_o_seq, stride_o_head,
-    NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
+    NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -248,8 +249,8 @@ def _mla_decode_seesaw(
     stride_c_block, stride_c_tok,
     stride_bt_seq,
     stride_o_seq, stride_o_head,
-    NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-    SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
+    NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
 ):
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
