@@ -1,5 +1,5 @@
 """MLA decode in 64-head blocks on Hopper: FlashMLA's seesaw, in Gluon. The default on sm_90 for more than 32 heads
-and for 16 or fewer (one block, the rows past the last head masked: mla.FEW_HEADS_HOPPER_CONFIG); kernels/mla_hopper.py
+and for 32 or fewer (one block, the rows past the last head masked: mla.FEW_HEADS_HOPPER_CONFIG); kernels/mla_hopper.py
 stays as the simpler kernel it replaced.
 
 kernels/mla_hopper.py splits each tile's scores between its two warpgroups at n32 (the query re-read from shared

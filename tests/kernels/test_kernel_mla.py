@@ -154,8 +154,11 @@ def test_the_hopper_kernel_takes_only_its_own_tiles_where_it_runs(monkeypatch):
     for other in ({"hopper": False}, {"head_block": 32}, {"block_n": 32}):
         assert not mla._hopper_takes({**mla.MANY_HEADS_CONFIG, **other}, q, q_pe, cache, 128), other
     assert not mla._hopper_takes(mla.DEFAULT_CONFIG, q, q_pe, cache, 16)
-    # 16 heads (V2-Lite): the seesaw's 64-head block, masked, where it runs; Triton's 16-head blocks elsewhere
-    assert mla._hopper_takes(mla.decode_config(16, hopper=True), q, q_pe, cache, 16)
-    assert mla.decode_config(16) is mla.DEFAULT_CONFIG and mla.decode_config(128) is mla.MANY_HEADS_CONFIG
+    # 16 heads (V2-Lite) and 32 (V2/V3 over 4 ranks): the seesaw's 64-head block, masked, where it runs; Triton's
+    # 16- and 32-head blocks elsewhere
+    for heads in (16, 32):
+        assert mla._hopper_takes(mla.decode_config(heads, hopper=True), q, q_pe, cache, heads)
+    assert mla.decode_config(16) is mla.DEFAULT_CONFIG and mla.decode_config(32) is mla.MID_HEADS_CONFIG
+    assert mla.decode_config(128) is mla.MANY_HEADS_CONFIG
     monkeypatch.setattr(mla, "mla_hopper", None)
     assert not mla._hopper_takes(mla.MANY_HEADS_CONFIG, q, q_pe, cache, 128)
