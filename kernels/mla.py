@@ -37,9 +37,9 @@ PROBE_PROGRAMS = 1001
 # 20.6 us per layer against 24.1 at 1 and 33.8 at 8; one 64K sequence prefers 8: issue 14's kernel work).
 DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 2,
                   "split_tail": False}
-# 17 to 32 heads (V2/V3 over 4 tensor-parallel ranks) where the seesaw does not run: 32-head blocks run the products on wider tensor-core tiles. Of
-# 18 configs on 128 heads x 4K at batch 32 and 256 (kernels_h200_2026-12-01_*_grid), the fastest then: 5.39x and 4.50x
-# of the FLOP floor against 16-head blocks' 7.02x and 6.09x.
+# 17 to 32 heads (V2/V3 over 4 tensor-parallel ranks) where the seesaw does not run: 32-head blocks run the products on
+# wider tensor-core tiles. Of 18 configs on 128 heads x 4K at batch 32 and 256 (kernels_h200_2026-12-01_*_grid), the
+# fastest then: 5.39x and 4.50x of the FLOP floor against 16-head blocks' 7.02x and 6.09x.
 MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block": 32, "maxnreg": None, "min_tiles": 2,
                     "split_tail": False}
 # More than 32 heads (V2/V3's 128, compute-bound on the H200): 64-head blocks on two warpgroups, wgmma with no spills in
@@ -57,14 +57,14 @@ MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block"
 MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
                      "split_tail": True, "hopper": True, "seesaw": True}
 # Up to 32 heads where the seesaw runs (an sm_90 GPU): one 64-head block, the rows past the last head masked (at 16
-# heads 4x the products, still under the latent's bytes on the H200: 64 rows x 1088 x 2 FLOP a 1152-byte row, 121 FLOP
-# a byte against 165) and one partial a program of its heads' rows only (16: 32 KiB), not three. Against _mla_decode's 16-head blocks on 9
-# 16-head cells: 1.07-1.30x faster (b1 x 64K 47.0 -> 40.2 us, b8 x 4K 34.9 -> 27.0, b256 x 32K 2590 -> 2362;
-# mla_hopper_h200_2026-12-02_*_run-11; 0.95-1.07x in run-10, partials of 64 rows). mla_hopper (seesaw off) was faster
-# still on one sequence (37.4 us at 64K) and slower from 32 sequences up (b256 x 32K 2789 us): the seesaw's worst is
-# the better. 17 to 32 heads too (V2/V3 over 4 ranks: half the block masked): 1.38-1.58x faster than the 32-head
+# heads 4x the products, still under the latent's bytes on the H200: 64 rows x 1088 x 2 FLOP a 1152-byte row, 121 FLOP a
+# byte against 165) and one partial a program of its heads' rows only (16: 32 KiB), not three. Against _mla_decode's
+# 16-head blocks on 9 16-head cells: 1.07-1.30x faster (b1 x 64K 47.0 -> 40.2 us, b8 x 4K 34.9 -> 27.0, b256 x 32K 2590
+# -> 2362; mla_hopper_h200_2026-12-02_*_run-11; 0.95-1.07x in run-10, partials of 64 rows). mla_hopper (seesaw off) was
+# faster still on one sequence (37.4 us at 64K) and slower from 32 sequences up (b256 x 32K 2789 us): the seesaw's worst
+# is the better. 17 to 32 heads too (V2/V3 over 4 ranks: half the block masked): 1.38-1.58x faster than the 32-head
 # blocks of MID_HEADS_CONFIG on 9 32-head cells (b8 x 4K 42.2 -> 28.5 us, b256 x 32K 3872 -> 2458; *_run-12).
-FEW_HEADS_HOPPER_CONFIG = MANY_HEADS_CONFIG
+# W_HEADS_HOPPER_CONFIG = MANY_HEADS_CONFIG
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator). Of 24 configs on a 4K prompt at 16 heads (same run), the fastest: 14.0x of the floor against 28.0x.
 PREFILL_CONFIG = {"rows": 32, "block_n": 64, "num_warps": 4, "num_stages": 2}
