@@ -64,7 +64,7 @@ MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block
 # faster still on one sequence (37.4 us at 64K) and slower from 32 sequences up (b256 x 32K 2789 us): the seesaw's worst
 # is the better. 17 to 32 heads too (V2/V3 over 4 ranks: half the block masked): 1.38-1.58x faster than the 32-head
 # blocks of MID_HEADS_CONFIG on 9 32-head cells (b8 x 4K 42.2 -> 28.5 us, b256 x 32K 3872 -> 2458; *_run-12).
-# W_HEADS_HOPPER_CONFIG = MANY_HEADS_CONFIG
+FEW_HEADS_HOPPER_CONFIG = MANY_HEADS_CONFIG
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator). Of 24 configs on a 4K prompt at 16 heads (same run), the fastest: 14.0x of the floor against 28.0x.
 PREFILL_CONFIG = {"rows": 32, "block_n": 64, "num_warps": 4, "num_stages": 2}
