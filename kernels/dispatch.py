@@ -35,9 +35,19 @@ def _capability(index: int) -> tuple:
     return torch.cuda.get_device_capability(index)
 
 
+def compute_capability(device) -> tuple:
+    """(major, minor) of a CUDA device, asked once a device (decode and prefill ask it every step); (0, 0) off CUDA."""
+    return _capability(device.index or 0) if device.type == "cuda" else (0, 0)
+
+
+def on_hopper(device) -> bool:
+    """Whether the Gluon kernels for sm_90 (kernels/*_hopper.py, mla_seesaw.py) run on this device."""
+    return compute_capability(device)[0] == 9
+
+
 def launches_early(device) -> bool:
     """Whether kernels on this device take programmatic dependent launch (PDL on, a CUDA GPU of sm_90 or later)."""
-    return PDL and device.type == "cuda" and _capability(device.index or 0)[0] >= 9
+    return PDL and compute_capability(device)[0] >= 9
 
 
 def pdl_options(early: bool) -> dict:

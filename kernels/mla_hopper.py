@@ -12,7 +12,6 @@ products. On an H200, 1.14-1.56x faster than _mla_decode on 11 128-head cells
 (benchmarks/results/mla_hopper_h200_2026-12-02_*_run-5); its answers there are checked by benchmarks/mla_hopper_h200.py,
 as Triton's interpreter cannot run Gluon.
 """
-import functools
 
 import torch
 from triton.experimental import gluon
@@ -20,7 +19,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from .dispatch import next_pow2, sm_count
+from .dispatch import next_pow2, on_hopper, sm_count
 from .work_split import RUN_TIME_INTS, merge_partials
 
 HEAD_BLOCK, BLOCK_N, NUM_WARPS = 64, 64, 8
@@ -31,14 +30,9 @@ def supported(q_latent, q_pe, latent_cache, num_heads: int) -> bool:
     at a time. Heads come in 64-head blocks, the last one masked where they are fewer."""
     rank, rope = q_latent.shape[-1], latent_cache.shape[-1] - q_latent.shape[-1]
     rows = (q_latent, q_pe, latent_cache)
-    return (q_latent.device.type == "cuda" and _is_hopper(q_latent.device.index)
+    return (on_hopper(q_latent.device)
             and q_latent.dtype == latent_cache.dtype == q_pe.dtype == torch.bfloat16 and (rank, rope) == (512, 64)
             and all(t.data_ptr() % 16 == 0 and all(st % 8 == 0 for st in t.stride()[:-1]) for t in rows))
-
-
-@functools.lru_cache(maxsize=None)
-def _is_hopper(device_index) -> bool:  # asked once a device: this runs inside every decode step
-    return torch.cuda.get_device_capability(device_index)[0] == 9
 
 
 # The tile line of kernels/work_split.py, in Gluon's explicit layouts (Gluon cannot call Triton's jit functions).

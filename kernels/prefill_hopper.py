@@ -22,7 +22,6 @@ the output). Every tensor is read through a 2-D TMA view [tokens, columns] whose
 head stride, so views (the stack's q_nope and q_pe, split from one projection) need no copy. Triton's interpreter
 cannot run Gluon: the answers are checked on the GPU by benchmarks/prefill_hopper_h200.py.
 """
-import functools
 
 import torch
 from triton.experimental import gluon
@@ -31,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .dispatch import sm_count
+from .dispatch import on_hopper, sm_count
 
 BLOCK_M, BLOCK_N, HALF_M = 128, 128, 64  # query rows a program (two consumers of 64), keys a tile
 CONSUMER_WARPS, PRODUCER_WARPS = 4, 1
@@ -68,12 +67,7 @@ def mla_supported(q_nope, q_pe, kv, k_pe, v_dim) -> bool:
 
 
 def _on_hopper(t) -> bool:
-    return t.device.type == "cuda" and _is_hopper(t.device.index) and t.dtype in (torch.bfloat16, torch.float16)
-
-
-@functools.lru_cache(maxsize=None)
-def _is_hopper(device_index) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] == 9
+    return on_hopper(t.device) and t.dtype in (torch.bfloat16, torch.float16)
 
 
 def _tokens(cache):
