@@ -13,15 +13,10 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from .dispatch import (dot_precision, fix_triton_interpreter, launches_early, next_pow2, pdl_options,
-                       resident_programs, sm_count, upcast_dots)
+                       resident_programs, upcast_dots)
 from .dot import dot, softmax_update
 from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
                          tile_line)
-
-try:  # the Hopper kernel is Gluon (triton.experimental.gluon, Triton 3.5 on): without it, _decode everywhere
-    from . import decode_hopper
-except ImportError:
-    decode_hopper = None
 
 fix_triton_interpreter()
 
@@ -33,12 +28,7 @@ PROBE_PROGRAMS = 1001
 # per range at least (kernels/work_split.py; benchmarks/paged_h200.py's decode_split section times 1, 2, 4, 8).
 # 2 stages, not 3: of 8 configs on four GQA 28/4 cells (kernels_h200_2026-12-01_*_grid-8), b256 x 4K 1.05x of the
 # floor against 1.18x, b32 x 1K 2.05x against 2.10x, one 32K sequence 2.00x against 1.94x.
-DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "maxnreg": None, "min_tiles": 1, "hopper": False}
-# hopper: on an sm_90 GPU where it runs (decode_hopper.supported), kernels/decode_hopper.py (Gluon) in place of
-# _decode, same tile line and partials; num_stages: the tiles in its ring; programs_per_sm: its grid. The default
-# there where HOPPER_DEFAULT.
-HOPPER_CONFIG = {**DEFAULT_CONFIG, "hopper": True, "num_stages": 4, "programs_per_sm": 1}
-HOPPER_DEFAULT = False
+DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "maxnreg": None, "min_tiles": 1}
 
 
 @triton.jit
@@ -128,26 +118,18 @@ def _decode(
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None, config=None, num_programs=None):
-    """Paged decode: Triton's _decode, or kernels/decode_hopper.py where config hopper asks for it and it runs. out: a
-    buffer to write (tests poison it); config (block_n, num_warps, num_stages, maxnreg, min_tiles, hopper) and
-    num_programs override the tuned defaults and the one-wave grid."""
+    """Triton paged decode. out: a buffer to write (tests poison it); config (block_n, num_warps,
+    num_stages, maxnreg, min_tiles) and num_programs override the tuned defaults and the one-wave grid."""
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
-    hopper = decode_hopper is not None and decode_hopper.supported(q, k_cache, v_cache)
-    wanted = (config or {}).get("hopper", HOPPER_DEFAULT)
-    cfg = {**(HOPPER_CONFIG if hopper and wanted else DEFAULT_CONFIG), **(config or {})}
+    cfg = {**DEFAULT_CONFIG, **(config or {})}
     on_gpu = q.device.type == "cuda"
     group = num_q_heads // num_kv_heads
     out = torch.empty_like(q) if out is None else out
     if num_seqs == 0:
         return out
-    if hopper and cfg["hopper"]:
-        programs = num_programs or cfg["programs_per_sm"] * sm_count(q.device)
-        return decode_hopper.paged_decode_hopper(q, k_cache, v_cache, block_table, seq_lens, scale * LOG2E, out,
-                                                 min_tiles=cfg["min_tiles"], num_programs=programs,
-                                                 stages=cfg["num_stages"])
     block_n = cfg["block_n"] if on_gpu else 16  # the interpreter runs small tiles faster
     consts = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
                   HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),

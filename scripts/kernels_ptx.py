@@ -29,8 +29,8 @@ from triton.runtime.jit import JITFunction, mangle_type
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kernel_sass  # noqa: E402
-from kernels import (activation, cache_write, decode, decode_hopper, mla, mla_hopper, mla_mha,  # noqa: E402
-                     mla_seesaw, moe, norm, prefill, prefill_hopper, rotary, router, skinny_gemm)
+from kernels import (activation, cache_write, decode, mla, mla_hopper, mla_mha, mla_seesaw, moe, norm,  # noqa: E402
+                     prefill, prefill_hopper, rotary, router, skinny_gemm)
 
 H200 = GPUTarget("cuda", 90, 32)
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}
@@ -134,10 +134,6 @@ def launches() -> dict[str, tuple]:
         "mla 128 heads, Hopper 64-head blocks (Gluon)": lambda: mla_hopper.mla_decode_hopper(
             torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
             0.1, torch.empty(seqs, 128, 512, dtype=bf16), min_tiles=2, num_programs=4),
-        "decode gqa 28/4, Hopper ring of 4 tiles (Gluon)": lambda: decode_hopper.paged_decode_hopper(
-            torch.randn(seqs, 28, 128, dtype=bf16), torch.randn(blocks, block, 4, 128, dtype=bf16),
-            torch.randn(blocks, block, 4, 128, dtype=bf16), table, lens, 0.1, torch.empty(seqs, 28, 128, dtype=bf16),
-            min_tiles=1, num_programs=4),
         "mla 128 heads, Hopper seesaw (Gluon, warp-specialized)": lambda: mla_seesaw.mla_decode_seesaw(
             torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
             0.1, torch.empty(seqs, 128, 512, dtype=bf16), min_tiles=2, num_programs=4),
