@@ -291,7 +291,8 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads):
         hopper = mla_seesaw.mla_decode_seesaw if cfg.get("seesaw", False) else mla_hopper.mla_decode_hopper
         return hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
-                      min_tiles=cfg["min_tiles"], num_programs=num_programs)
+                      min_tiles=cfg["min_tiles"], num_programs=num_programs,
+                      partials=getattr(torch, cfg.get("partials", "float32")))
     head_block = min(cfg["head_block"], max(16, next_pow2(num_heads)))
     num_head_blocks = triton.cdiv(num_heads, head_block)
     block_n = cfg["block_n"] if on_gpu else 16  # the interpreter runs small tiles faster

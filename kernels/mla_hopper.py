@@ -128,7 +128,8 @@ def _store_segment(o, m, l, rows_o: gl.constexpr, whole, x, first, seq, head_blo
         PART_ROWS: gl.constexpr = HEADS if NUM_HEADS > HEADS else NUM_HEADS
         at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * PART_ROWS + o_rows
         held = o_rows < PART_ROWS
-        gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o, mask=held[:, None])
+        gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o.to(part_out_ptr.dtype.element_ty),
+                 mask=held[:, None])
         if STORE_LSE:
             gl.store(part_lse_ptr + at, gl.convert_layout(m, rows_o) + gl.log2(l), mask=held)
 
@@ -227,7 +228,7 @@ def _mla_decode_hopper(
 
 
 def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-           num_programs=None):
+           num_programs=None, partials=torch.float32):
     """Launch a 64-head-block decode kernel of this file's arguments, tile line and partials (mla_hopper's or
     mla_seesaw's) over one wave (one program a multiprocessor: ~216 KiB of shared memory each), then merge the
     partials. qk_scale: the softmax scale times log2(e)."""
@@ -240,7 +241,7 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
     # with the run-3 code it spilled there: 55 local loads a tile at 16), not from 64 to 1024
     seqs_pad = max(64, next_pow2(num_seqs))
     rows = min(HEAD_BLOCK, num_heads)  # a partial's rows (_store_segment's PART_ROWS)
-    part_out = torch.empty(num_programs * 2 * rows * rank, device=q_latent.device, dtype=torch.float32)
+    part_out = torch.empty(num_programs * 2 * rows * rank, device=q_latent.device, dtype=partials)
     part_lse = torch.empty(num_programs * 2 * rows, device=q_latent.device, dtype=torch.float32)
     kernel[(num_programs,)](
         q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
@@ -255,7 +256,7 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
 
 
 def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None):
+                      num_programs=None, partials=torch.float32):
     """Decode with _mla_decode_hopper (see launch)."""
     return launch(_mla_decode_hopper, NUM_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
-                  min_tiles=min_tiles, num_programs=num_programs)
+                  min_tiles=min_tiles, num_programs=num_programs, partials=partials)

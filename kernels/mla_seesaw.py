@@ -22,6 +22,7 @@ Measured (mla_hopper_h200_2026-12-02_*_run-9): 1.02-1.21x faster than mla_hopper
 ncu (decode_ncu_2026-12-02_*_seesaw-*): the waits for a tile's copies are the largest stall; one tile in flight a
 partition does not cover the memory's latency, and shared memory (Q 72 KiB + 2 x 72 KiB) holds no third tile.
 """
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
@@ -294,7 +295,7 @@ def _mla_decode_seesaw(
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None):
+                      num_programs=None, partials=torch.float32):
     """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials)."""
     return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
-                  min_tiles=min_tiles, num_programs=num_programs)
+                  min_tiles=min_tiles, num_programs=num_programs, partials=partials)
