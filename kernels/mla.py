@@ -151,7 +151,7 @@ def _mla_decode(
     pid = tl.program_id(0)
     head_block = pid % NUM_HEAD_BLOCKS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-    ranges = line_ranges(num_programs, NUM_HEAD_BLOCKS, total, MIN_TILES)
+    ranges = line_ranges(num_programs, NUM_HEAD_BLOCKS, total, MIN_TILES, tiles)
     first, last = program_range(pid // NUM_HEAD_BLOCKS, ranges, total)
     rows = tl.arange(0, HEAD_BLOCK)
     rank_dims = tl.arange(0, RANK_PAD)

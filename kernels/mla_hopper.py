@@ -20,7 +20,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from .dispatch import next_pow2, on_hopper, sm_count
-from .work_split import RUN_TIME_INTS, merge_partials
+from .work_split import ALIGN_TILES, RUN_TIME_INTS, merge_partials
 
 HEAD_BLOCK, BLOCK_N, NUM_WARPS = 64, 64, 8
 
@@ -57,7 +57,10 @@ def _program_range(seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS: gl.con
     tiles = (lens + TILE - 1) // TILE
     ends = gl.associative_scan(tiles, 0, _add)
     total = gl.sum(tiles, 0)
-    ranges = gl.maximum(1, gl.minimum(num_programs // NUM_HEAD_BLOCKS, total // MIN_TILES))
+    most = gl.maximum(1, gl.minimum(num_programs // NUM_HEAD_BLOCKS, total // MIN_TILES))  # work_split.line_ranges
+    busy = gl.maximum(1, gl.sum((tiles > 0).to(gl.int32), 0))
+    aligned = gl.where(most >= busy, most // busy * busy, busy // ((busy + most - 1) // most))
+    ranges = gl.where((most - aligned) * total <= ALIGN_TILES * most * most, aligned, most)
     j = pid // NUM_HEAD_BLOCKS
     first = _range_start(gl.minimum(j, ranges), ranges, total)
     last = _range_start(gl.minimum(j + 1, ranges), ranges, total)

@@ -5,7 +5,8 @@ line of tiles: sequence by sequence, BLOCK_N tokens at a time (T tiles). Each un
 into R even ranges, and program pid = j * UNITS + unit takes range j of its unit: every program
 reads the same number of bytes whatever the mix of lengths, so a grid of the programs the GPU
 holds at once ends together (no tail, no second wave). R is at most T / MIN_TILES (programs past it
-idle): a range never comes out empty, and a short batch is merged from as few partials as it has
+idle), and a little less where that puts the range boundaries between sequences (ALIGN_TILES): a range never comes
+out empty, and a short batch is merged from as few partials as it has
 ranges. MIN_TILES > 1 where a partial is as large as the tiles it summarises (MLA: a 16-head block's
 512-wide float32 partial is 32 KiB, a 32-token latent tile 36 KiB): one tile per range would write,
 and merge back, as many bytes as it read.
@@ -59,6 +60,11 @@ COMBINE_DIM_LEAST = 8
 # tile spread over the threads, which one long sequence's hundreds of partials need (unrolled 64 a step, one 32K
 # sequence at 16 MLA heads took 17.7 us, not 8.6; kernels_h200_2026-12-02_*_grid-13).
 COMBINE_UNROLL_J = 16
+# A range that straddles two sequences runs a second segment (its query loaded, the first tiles waited for, again) and
+# leaves a partial in each. Where the sequences are of one length, R a multiple of them (or a divisor: whole sequences
+# a range) puts every boundary between sequences: taken where the programs it leaves idle, (most - R) x T tiles, come to
+# at most ALIGN_TILES tiles a range, i.e. (most - R) x T <= ALIGN_TILES x most^2 (most: the R above alignment).
+ALIGN_TILES = tl.constexpr(2)
 
 
 @triton.jit
@@ -71,9 +77,13 @@ def tile_line(seq_lens_ptr, num_seqs, BLOCK_N: tl.constexpr, SEQS_PAD: tl.conste
 
 
 @triton.jit
-def line_ranges(num_programs, UNITS: tl.constexpr, total, MIN_TILES: tl.constexpr):
-    """R: the programs per unit, but no more than the line's T tiles over MIN_TILES (at least 1)."""
-    return tl.maximum(1, tl.minimum(num_programs // UNITS, total // MIN_TILES))
+def line_ranges(num_programs, UNITS: tl.constexpr, total, MIN_TILES: tl.constexpr, tiles):
+    """R: the programs per unit, but no more than the line's T tiles over MIN_TILES (at least 1); fewer where ranges
+    then start at sequence boundaries (ALIGN_TILES). tiles: each sequence's."""
+    most = tl.maximum(1, tl.minimum(num_programs // UNITS, total // MIN_TILES))
+    busy = tl.maximum(1, tl.sum((tiles > 0).to(tl.int32), 0))
+    aligned = tl.where(most >= busy, most // busy * busy, busy // tl.cdiv(busy, most))
+    return tl.where((most - aligned) * total <= ALIGN_TILES * most * most, aligned, most)
 
 
 @triton.jit
@@ -153,7 +163,7 @@ def combine_cut_units(
     row_blocks = tl.cdiv(ROWS, ROW_BLOCK)
     unit = tl.program_id(1) // row_blocks
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-    ranges = line_ranges(num_programs, UNITS, total, MIN_TILES)
+    ranges = line_ranges(num_programs, UNITS, total, MIN_TILES, tiles)
     n = tl.sum(tl.where(seqs == seq, tiles, 0), 0)
     if PDL:  # launched early (dispatch.PDL): the attention kernel's partials and outputs are complete past this
         gdc_wait()
