@@ -151,7 +151,7 @@ def _mla_decode(
     pid = tl.program_id(0)
     head_block = pid % NUM_HEAD_BLOCKS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-    ranges = line_ranges(num_programs, NUM_HEAD_BLOCKS, total, MIN_TILES, tiles)
+    ranges = line_ranges(num_programs, NUM_HEAD_BLOCKS, total, MIN_TILES, tiles, True)
     first, last = program_range(pid // NUM_HEAD_BLOCKS, ranges, total)
     rows = tl.arange(0, HEAD_BLOCK)
     rank_dims = tl.arange(0, RANK_PAD)
@@ -326,5 +326,5 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     _mla_decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=num_head_blocks,
                    rows=head_block, head_dim=rank, block_n=block_n, seqs_pad=consts["SEQS_PAD"],
-                   min_tiles=cfg["min_tiles"])
+                   min_tiles=cfg["min_tiles"], align=True)
     return out

@@ -57,10 +57,10 @@ def _program_range(seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS: gl.con
     tiles = (lens + TILE - 1) // TILE
     ends = gl.associative_scan(tiles, 0, _add)
     total = gl.sum(tiles, 0)
-    most = gl.maximum(1, gl.minimum(num_programs // NUM_HEAD_BLOCKS, total // MIN_TILES))  # work_split.line_ranges
+    most = gl.maximum(1, gl.minimum(num_programs // NUM_HEAD_BLOCKS, total // MIN_TILES))  # line_ranges, ALIGN
     busy = gl.maximum(1, gl.sum((tiles > 0).to(gl.int32), 0))
-    aligned = gl.where(most >= busy, most // busy * busy, busy // ((busy + most - 1) // most))
-    ranges = gl.where((most - aligned) * total <= ALIGN_TILES * most * most, aligned, most)
+    aligned = most // busy * busy
+    ranges = gl.where((aligned > 0) & ((most - aligned) * total <= ALIGN_TILES * most * most), aligned, most)
     j = pid // NUM_HEAD_BLOCKS
     first = _range_start(gl.minimum(j, ranges), ranges, total)
     last = _range_start(gl.minimum(j + 1, ranges), ranges, total)
@@ -254,7 +254,8 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
         NUM_HEAD_BLOCKS=units, NUM_HEADS=num_heads, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1],
         SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, num_warps=num_warps)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=rows,
-                   head_dim=rank, block_n=BLOCK_N, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles)
+                   head_dim=rank, block_n=BLOCK_N, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles,
+                   align=True)  # as _program_range
     return out
 
 

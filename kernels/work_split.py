@@ -5,8 +5,8 @@ line of tiles: sequence by sequence, BLOCK_N tokens at a time (T tiles). Each un
 into R even ranges, and program pid = j * UNITS + unit takes range j of its unit: every program
 reads the same number of bytes whatever the mix of lengths, so a grid of the programs the GPU
 holds at once ends together (no tail, no second wave). R is at most T / MIN_TILES (programs past it
-idle), and a little less where that puts the range boundaries between sequences (ALIGN_TILES): a range never comes
-out empty, and a short batch is merged from as few partials as it has
+idle), and for MLA a little less where that puts the range boundaries between sequences (ALIGN_TILES): a range never
+comes out empty, and a short batch is merged from as few partials as it has
 ranges. MIN_TILES > 1 where a partial is as large as the tiles it summarises (MLA: a 16-head block's
 512-wide float32 partial is 32 KiB, a 32-token latent tile 36 KiB): one tile per range would write,
 and merge back, as many bytes as it read.
@@ -60,10 +60,14 @@ COMBINE_DIM_LEAST = 8
 # tile spread over the threads, which one long sequence's hundreds of partials need (unrolled 64 a step, one 32K
 # sequence at 16 MLA heads took 17.7 us, not 8.6; kernels_h200_2026-12-02_*_grid-13).
 COMBINE_UNROLL_J = 16
-# A range that straddles two sequences runs a second segment (its query loaded, the first tiles waited for, again) and
-# leaves a partial in each. Where the sequences are of one length, R a multiple of them (or a divisor: whole sequences
-# a range) puts every boundary between sequences: taken where the programs it leaves idle, (most - R) x T tiles, come to
-# at most ALIGN_TILES tiles a range, i.e. (most - R) x T <= ALIGN_TILES x most^2 (most: the R above alignment).
+# A range that straddles two sequences runs a second segment (its query loaded and its first tiles waited for again)
+# and leaves a partial in each. Where the sequences are of one length and fewer than the programs, R a multiple of
+# them puts a boundary between every two: taken where the programs it leaves idle, (most - R) x T tiles, come to at most
+# ALIGN_TILES tiles a range, i.e. (most - R) x T <= ALIGN_TILES x most^2 (most: R unaligned). For MLA (ALIGN), whose
+# query is 72 KiB and whose partial 128 KiB at 64 heads: on an H200 128 heads x 32 sequences of 1K 45.0 -> 40.2 us,
+# 16 heads 29.6 -> 26.0 (kernels_h200_2026-12-03_*_align-first against *_align-before). Not for dense decode: no cell
+# faster, and _decode's registers at 256 sequences went 126 -> 159 (4 programs a multiprocessor to 3: the large cells
+# 4-8% slower). Nor whole sequences a range (R a divisor of them): 128 heads x 256 of 1K 208 -> 217 us.
 ALIGN_TILES = tl.constexpr(2)
 
 
@@ -77,13 +81,15 @@ def tile_line(seq_lens_ptr, num_seqs, BLOCK_N: tl.constexpr, SEQS_PAD: tl.conste
 
 
 @triton.jit
-def line_ranges(num_programs, UNITS: tl.constexpr, total, MIN_TILES: tl.constexpr, tiles):
-    """R: the programs per unit, but no more than the line's T tiles over MIN_TILES (at least 1); fewer where ranges
-    then start at sequence boundaries (ALIGN_TILES). tiles: each sequence's."""
+def line_ranges(num_programs, UNITS: tl.constexpr, total, MIN_TILES: tl.constexpr, tiles, ALIGN: tl.constexpr):
+    """R: the programs per unit, but no more than the line's T tiles over MIN_TILES (at least 1); with ALIGN, fewer
+    where the ranges then start at sequence boundaries (ALIGN_TILES). tiles: each sequence's."""
     most = tl.maximum(1, tl.minimum(num_programs // UNITS, total // MIN_TILES))
-    busy = tl.maximum(1, tl.sum((tiles > 0).to(tl.int32), 0))
-    aligned = tl.where(most >= busy, most // busy * busy, busy // tl.cdiv(busy, most))
-    return tl.where((most - aligned) * total <= ALIGN_TILES * most * most, aligned, most)
+    if ALIGN:
+        busy = tl.maximum(1, tl.sum((tiles > 0).to(tl.int32), 0))
+        aligned = most // busy * busy
+        most = tl.where((aligned > 0) & ((most - aligned) * total <= ALIGN_TILES * most * most), aligned, most)
+    return most
 
 
 @triton.jit
@@ -153,7 +159,7 @@ def combine_cut_units(
     stride_o_seq, stride_o_head,
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
-    J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, MIN_TILES: tl.constexpr, PDL: tl.constexpr,
+    J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, MIN_TILES: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
     unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
@@ -163,7 +169,7 @@ def combine_cut_units(
     row_blocks = tl.cdiv(ROWS, ROW_BLOCK)
     unit = tl.program_id(1) // row_blocks
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-    ranges = line_ranges(num_programs, UNITS, total, MIN_TILES, tiles)
+    ranges = line_ranges(num_programs, UNITS, total, MIN_TILES, tiles, ALIGN)
     n = tl.sum(tl.where(seqs == seq, tiles, 0), 0)
     if PDL:  # launched early (dispatch.PDL): the attention kernel's partials and outputs are complete past this
         gdc_wait()
@@ -226,7 +232,7 @@ def combine_cut_units(
 
 
 def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
-                   seqs_pad, min_tiles=1):
+                   seqs_pad, min_tiles=1, align=False):
     """Launch combine_cut_units over every (sequence, unit, row block, column block), in smaller blocks where that
     grid would leave the GPU mostly idle (few sequences), merging more partials a step where a sequence has many."""
     num_seqs = seq_lens.shape[0]
@@ -261,6 +267,6 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
         HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
-        UNROLL=j_block <= COMBINE_UNROLL_J, MIN_TILES=min_tiles, **pdl_options(launches_early(out.device)),
+        UNROLL=j_block <= COMBINE_UNROLL_J, MIN_TILES=min_tiles, ALIGN=align, **pdl_options(launches_early(out.device)),
         num_warps=4,
     )
