@@ -379,6 +379,8 @@ FAMILY_KEYS = {"mla-decode": MLA_DECODE, "decode": DECODE, "prefill": PREFILL, "
                "mla-mha-prefill": MLA_MHA_PREFILL}  # --families
 PREFILLS, MLA_FAMILIES = (PREFILL, MLA_PREFILL, MLA_MHA_PREFILL), (MLA_DECODE, MLA_PREFILL, MLA_MHA_PREFILL)
 SDPA = "SDPA beside"  # torch SDPA on a contiguous cache, timed beside each prefill cell
+# the decompressed MLA prefill's attention: the Gluon kernel on sm_90, Triton's elsewhere (mla_attention_table)
+ATTENTION_KERNELS = ("_prefill_hopper", "_mha_prefill")
 GRID = {
     "batches": (1, 8, 32, 128, 256), "contexts": (1024, 4096, 32768, 131072),
     "mla_heads": (16, 128), "rank": 512, "rope": 64,  # DeepSeek-V2-Lite; V2/V3
@@ -876,7 +878,7 @@ def run_grid_cell(c, g, bandwidth, rate, gen, sweeps=()):
     replays = replays_for(floor * layers)
     row["ms"] = bench_graph(build["step"], replays) / layers
     row["x_floor"] = row["ms"] / floor
-    if c.new == 1 and c.batch <= g["profiled_batch"]:
+    if c.new == 1 and c.batch <= g["profiled_batch"] or c.family == MLA_MHA_PREFILL:
         try:
             row["kernel_us"] = kernel_us(build["step"], layers)
         except Exception as e:  # noqa: BLE001 - the profile is extra: its failure leaves the cell's time standing
@@ -997,6 +999,27 @@ def kernel_split_table(rows):
                 f"{kernels_}")
 
 
+def mla_attention_table(rows):
+    """The decompressed MLA prefill cells' time split: the cell times the stack's whole call (the context's latent
+    gathered, decompressed by kv_b_proj, attended), the floor counts the attention's FLOPs, and SDPA is timed on
+    tensors decompressed beforehand. The attention kernel's own GPU time (torch.profiler, eager) is what compares
+    with SDPA's."""
+    log("MLA prefill, decompressed: the whole call and its attention kernel alone (torch.profiler, eager) beside SDPA")
+    log(f"{'case':28s} {'floor ms':>9s} {'whole ms':>9s} {'x':>6s} {'attention ms':>13s} {'x':>6s} {'SDPA ms':>8s} "
+        f"{'x':>6s}  the rest (ms)")
+    for r in rows:
+        if r["family"] != MLA_MHA_PREFILL or r["status"] != "ok" or not r.get("kernel_us"):
+            continue
+        ours = {name: us for name, us in r["kernel_us"].items() if any(k in name for k in ATTENTION_KERNELS)}
+        attention = sum(ours.values()) / 1e3
+        rest = ", ".join(f"{k[:28]} {us / 1e3:.3f}" for k, us in sorted(r["kernel_us"].items(), key=lambda kv: -kv[1])
+                         if k not in ours)
+        sd = r.get("sdpa", {})
+        theirs = f"{sd['ms']:8.3f} {sd['x_floor']:6.2f}" if sd else f"{'':8s} {'':6s}"
+        log(f"{r['name']:28s} {r['floor_ms']:9.3f} {r['ms']:9.3f} {x_text(r):>6s} {attention:13.3f} "
+            f"{attention / r['floor_ms']:6.2f} {theirs}  {rest}")
+
+
 def prefill_table(rows, g):
     log("prefill over the paged cache (ours) and torch SDPA on a contiguous cache (its backend last), x floor")
     log(f"{'case':44s} {'floor ms':>9s} {'ours ms':>8s} {'x':>6s} {'SDPA ms':>8s} {'x':>6s} {'rel err':>8s}  SDPA")
@@ -1040,6 +1063,9 @@ def grid_report(rows, g, bandwidth, rate):
     kernel_split_table(rows)
     log("")
     prefill_table(rows, g)
+    if any(r["family"] == MLA_MHA_PREFILL and r.get("kernel_us") for r in rows):
+        log("")
+        mla_attention_table(rows)
     for key in SWEEPS:
         if any(r.get("sweep_name") == key for r in rows):
             log("")

@@ -104,3 +104,17 @@ def test_sweep_of_picks_the_prefill_cells_and_the_named_decode_cells():
     assert "GQA 28/4 b1 x 128K" not in picked and "MLA 16h b1 x 128K" not in picked
     prefills = [c for c in kg.all_cells(kg.GRID) if c.family in kg.PREFILLS]
     assert all(kg.sweep_of(c, kg.GRID) in kg.SWEEPS for c in prefills)
+
+
+def test_mla_attention_table_splits_the_attention_kernel_from_the_decompression(monkeypatch):
+    lines = []
+    monkeypatch.setattr(kg, "log", lambda *parts: lines.append(" ".join(str(p) for p in parts)))
+    row = {"family": kg.MLA_MHA_PREFILL, "name": "MLA 16h 1 x 4K causal", "status": "ok", "floor_ms": 0.1,
+           "ms": 0.23, "x_floor": 2.3, "floor_bound": "FLOPs", "sdpa": {"ms": 0.18, "x_floor": 1.8},
+           "kernel_us": {"_prefill_hopper": 150.0, "nvjet_gemm": 50.0, "_gather_latent": 20.0}}
+    kg.mla_attention_table([row, {**row, "family": kg.DECODE}])
+    assert len(lines) == 3  # the title, the header, the one decompressed cell
+    fields = lines[2].split()
+    at = fields.index("causal") + 1  # floor, whole, x, attention alone, its x, SDPA
+    assert fields[at:at + 6] == ["0.100", "0.230", "2.30*", "0.150", "1.50", "0.180"]
+    assert lines[2].endswith("nvjet_gemm 0.050, _gather_latent 0.020")
