@@ -37,7 +37,8 @@ def triton_config(heads):
 
 # the Gluon kernels checked and timed beside Triton's (the default first). Tried and dropped: "overlap" (2026-12-02
 # run-2), mla_hopper's next scores queued behind this tile's P x V, 1.04-1.08x slower; "prefetch" (run-9), cache rows
-# pulled into L2 (cp.async.bulk.prefetch.L2) 2 or 4 tiles ahead of their copies, 1.2-1.5x slower.
+# pulled into L2 (cp.async.bulk.prefetch.L2) 2 or 4 tiles ahead of their copies, 1.2-1.5x slower. Kept beside the
+# default: "seesaw-bf16", its partials in bfloat16 (half the bytes written and merged), no faster (2026-12-03 run-13).
 VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-bf16": {**SEESAW, "partials": "bfloat16"}}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)
 CHECKS = [

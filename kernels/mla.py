@@ -54,6 +54,9 @@ MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block"
 # faster on 11 128-head cells of issue 14's grid (b256 x 4K 1121 -> 766 us; mla_hopper_h200_2026-12-02_*_run-1).
 # seesaw: kernels/mla_seesaw.py in place of mla_hopper (two warp-specialized partitions on alternate tiles): 1.02-1.21x
 # faster on the same 11 cells, b256 x 4K 737 -> 618 us (1.71x -> 1.44x of the floor; *_run-9, variant seesaw-pf0).
+# partials (the Gluon kernels; float32 unless given): bfloat16 halves a 64-head block's 128 KiB partial, written and
+# merged, but was no faster on 20 cells (mla_hopper_h200_2026-12-03_*_run-13: 128h b1 x 32K 39.2 -> 41.0 us, b32 x 1K
+# 45.0 -> 46.8): the combine of one sequence waits on its steps, not on bytes.
 MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
                      "split_tail": True, "hopper": True, "seesaw": True}
 # Up to 32 heads where the seesaw runs (an sm_90 GPU): one 64-head block, the rows past the last head masked (at 16
