@@ -165,14 +165,44 @@ def window_tokens(kv_b_weight, latent_cache) -> int:
     return max(1, CONTEXT_WINDOW_BYTES // per_token)
 
 
-def merge_window(out, lse, part, part_lse):
-    """out, lse <- the attention over what both saw, in place: out and part [T, H, v] float32, each normalised over its
-    keys; lse and part_lse [T, H] their log2-sum-exp (-inf: no keys)."""
-    both = torch.logaddexp2(lse, part_lse)
-    seen = both > float("-inf")
-    out.mul_(torch.where(seen, torch.exp2(lse - both), 0.0)[..., None])
-    out.add_(part * torch.where(seen, torch.exp2(part_lse - both), 0.0)[..., None])
-    lse.copy_(both)
+@triton.jit
+def _merge_window(out_ptr, lse_ptr, part_ptr, part_lse_ptr, dest_ptr, rows, heads, stride_d_tok, stride_d_head,
+                  V_DIM: tl.constexpr, V_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
+    """BLOCK_R (token, head) rows of merge_window, in one pass over out and part."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    held = r < rows
+    a = tl.load(lse_ptr + r, mask=held, other=float("-inf"))
+    b = tl.load(part_lse_ptr + r, mask=held, other=float("-inf"))
+    frame = tl.maximum(a, b)
+    frame = tl.where(frame == float("-inf"), 0.0, frame)  # neither saw a key: both weights 0, not NaN
+    wa, wb = tl.exp2(a - frame), tl.exp2(b - frame)
+    total = wa + wb
+    seen = total > 0.0
+    wa, wb = tl.where(seen, wa / total, 0.0), tl.where(seen, wb / total, 0.0)
+    dims = tl.arange(0, V_PAD)
+    mask = held[:, None] & (dims < V_DIM)[None, :]
+    at = r[:, None].to(tl.int64) * V_DIM + dims[None, :]
+    o = (tl.load(out_ptr + at, mask=mask, other=0.0) * wa[:, None]
+         + tl.load(part_ptr + at, mask=mask, other=0.0) * wb[:, None])
+    r64 = r.to(tl.int64)
+    d_at = (r64 // heads)[:, None] * stride_d_tok + (r64 % heads)[:, None] * stride_d_head + dims[None, :]
+    tl.store(dest_ptr + d_at, o.to(dest_ptr.dtype.element_ty), mask=mask)
+    tl.store(lse_ptr + r, tl.where(seen, frame + tl.log2(total), float("-inf")), mask=held)
+
+
+def merge_window(out, lse, part, part_lse, dest=None):
+    """out, lse <- the attention over what both saw: out and part [T, H, v] float32 (contiguous), each normalised over
+    its keys; lse and part_lse [T, H] their log2-sum-exp (-inf: no keys), lse updated in place. The merged output goes
+    to dest ([T, H, v], any float dtype and token/head strides; out itself where None). One kernel, not torch's
+    elementwise ops: at 128 heads x 32K tokens (three windows) those took 15 of the call's 89 ms on an H200, each of
+    their passes over the 2 GiB float32 output (kernels_h200_2026-12-03_notes.md)."""
+    dest = out if dest is None else dest
+    assert out.is_contiguous() and part.is_contiguous() and dest.stride(-1) == 1
+    rows, v_dim = lse.numel(), out.shape[-1]
+    block_r = 16 if out.device.type == "cpu" else 32
+    _merge_window[(triton.cdiv(rows, block_r),)](out, lse, part, part_lse, dest, rows, out.shape[1], dest.stride(0),
+                                                 dest.stride(1), V_DIM=v_dim, V_PAD=max(16, next_pow2(v_dim)),
+                                                 BLOCK_R=block_r, num_warps=4)
 
 
 def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale,
@@ -202,13 +232,15 @@ def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_l
     if context_tokens <= window:
         attend(0, context_tokens, out, None)
         return out
-    merged = torch.zeros(num_tokens, heads, v_dim, device=out.device, dtype=torch.float32)
-    merged_lse = torch.full((num_tokens, heads), float("-inf"), device=out.device)
+    merged = torch.empty(num_tokens, heads, v_dim, device=out.device, dtype=torch.float32)
+    merged_lse = torch.empty((num_tokens, heads), device=out.device)
     part, part_lse = torch.empty_like(merged), torch.empty_like(merged_lse)
-    for start in range(0, context_tokens, window):
+    starts = range(0, context_tokens, window)
+    attend(0, window, merged, merged_lse)  # the first window's attention is the merge so far
+    for start in starts[1:]:
         attend(start, min(window, context_tokens - start), part, part_lse)
-        merge_window(merged, merged_lse, part, part_lse)
-    return out.copy_(merged)
+        merge_window(merged, merged_lse, part, part_lse, dest=out if start == starts[-1] else None)
+    return out
 
 
 def _launch(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, out, lse, scale, window_start, window_end, max_q_len, cfg):

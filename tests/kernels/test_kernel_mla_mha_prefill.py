@@ -65,6 +65,16 @@ def test_a_context_taken_window_by_window(window):
     assert_close(out, fp32_reference(*case))
 
 
+def test_windows_merged_into_a_bf16_view_of_a_wider_buffer():
+    """The stack's out: bf16 rows of a [tokens, heads x v] projection input, here a view with room past each head's
+    columns; the last window's merge writes it directly, leaving the rest of the buffer alone."""
+    case = make_case(5, 8, 3, [40, 6, 1], [0, 35, 11])
+    wide = poisoned(torch.empty(47, 3, 32, dtype=torch.bfloat16))
+    out = mla_mha_prefill(*case, out=wide[..., :16], window=9)
+    assert_close(out, fp32_reference(*case))
+    assert wide[..., 16:].isnan().all()
+
+
 @pytest.mark.parametrize("tiles_first", [True, False])
 def test_windows_in_either_launch_order(tiles_first):
     case = make_case(3, 8, 2, [40, 6, 1], [0, 35, 11])  # 2 heads, 3 sequences: a swapped grid axis shows
