@@ -165,9 +165,9 @@ def window_tokens(kv_b_weight, latent_cache) -> int:
     return max(1, CONTEXT_WINDOW_BYTES // per_token)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])  # one variant for every step's count of new tokens
 def _merge_window(out_ptr, lse_ptr, part_ptr, part_lse_ptr, dest_ptr, rows, heads, stride_d_tok, stride_d_head,
-                  V_DIM: tl.constexpr, V_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
+                  stride_d_dim, V_DIM: tl.constexpr, V_PAD: tl.constexpr, BLOCK_R: tl.constexpr):
     """BLOCK_R (token, head) rows of merge_window, in one pass over out and part."""
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     held = r < rows
@@ -185,7 +185,7 @@ def _merge_window(out_ptr, lse_ptr, part_ptr, part_lse_ptr, dest_ptr, rows, head
     o = (tl.load(out_ptr + at, mask=mask, other=0.0) * wa[:, None]
          + tl.load(part_ptr + at, mask=mask, other=0.0) * wb[:, None])
     r64 = r.to(tl.int64)
-    d_at = (r64 // heads)[:, None] * stride_d_tok + (r64 % heads)[:, None] * stride_d_head + dims[None, :]
+    d_at = ((r64 // heads) * stride_d_tok + (r64 % heads) * stride_d_head)[:, None] + dims[None, :] * stride_d_dim
     tl.store(dest_ptr + d_at, o.to(dest_ptr.dtype.element_ty), mask=mask)
     tl.store(lse_ptr + r, tl.where(seen, frame + tl.log2(total), float("-inf")), mask=held)
 
@@ -193,16 +193,16 @@ def _merge_window(out_ptr, lse_ptr, part_ptr, part_lse_ptr, dest_ptr, rows, head
 def merge_window(out, lse, part, part_lse, dest=None):
     """out, lse <- the attention over what both saw: out and part [T, H, v] float32 (contiguous), each normalised over
     its keys; lse and part_lse [T, H] their log2-sum-exp (-inf: no keys), lse updated in place. The merged output goes
-    to dest ([T, H, v], any float dtype and token/head strides; out itself where None). One kernel, not torch's
+    to dest ([T, H, v], any float dtype and strides; out itself where None). One kernel, not torch's
     elementwise ops: at 128 heads x 32K tokens (three windows) those took 16 of the call's 89 ms on an H200, each of
     their passes over the 2 GiB float32 output (kernels_h200_2026-12-03_notes.md)."""
     dest = out if dest is None else dest
-    assert out.is_contiguous() and part.is_contiguous() and dest.stride(-1) == 1
+    assert out.is_contiguous() and part.is_contiguous()  # this module's own buffers
     rows, v_dim = lse.numel(), out.shape[-1]
     block_r = 16 if out.device.type == "cpu" else 32
-    _merge_window[(triton.cdiv(rows, block_r),)](out, lse, part, part_lse, dest, rows, out.shape[1], dest.stride(0),
-                                                 dest.stride(1), V_DIM=v_dim, V_PAD=max(16, next_pow2(v_dim)),
-                                                 BLOCK_R=block_r, num_warps=4)
+    _merge_window[(triton.cdiv(rows, block_r),)](out, lse, part, part_lse, dest, rows, out.shape[1], *dest.stride(),
+                                                 V_DIM=v_dim, V_PAD=max(16, next_pow2(v_dim)), BLOCK_R=block_r,
+                                                 num_warps=4)
 
 
 def mla_mha_prefill(q_nope, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, kv_b_weight, scale,

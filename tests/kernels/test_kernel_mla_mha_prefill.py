@@ -75,6 +75,15 @@ def test_windows_merged_into_a_bf16_view_of_a_wider_buffer():
     assert wide[..., 16:].isnan().all()
 
 
+def test_windows_merged_into_an_output_with_strided_columns():
+    """Any out a caller passes: here every other column of a wider buffer, the ones between left alone."""
+    case = make_case(6, 8, 2, [40, 6, 1], [0, 35, 11])
+    wide = poisoned(case[0].new_empty(47, 2, 32))
+    out = mla_mha_prefill(*case, out=wide[..., ::2], window=9)
+    assert_close(out, fp32_reference(*case))
+    assert wide[..., 1::2].isnan().all()
+
+
 @pytest.mark.parametrize("tiles_first", [True, False])
 def test_windows_in_either_launch_order(tiles_first):
     case = make_case(3, 8, 2, [40, 6, 1], [0, 35, 11])  # 2 heads, 3 sequences: a swapped grid axis shows
