@@ -14,7 +14,9 @@ from triton.language.extra.cuda import gdc_wait
 
 from .dispatch import (dot_precision, fix_triton_interpreter, launches_early, next_pow2, pdl_options,
                        resident_programs, upcast_dots)
+from . import stamps
 from .dot import dot, softmax_update
+from .stamps import stamp
 from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
                          tile_line)
 
@@ -74,7 +76,7 @@ def attend_more_tokens(m, l, acc, q, k_ptr, v_ptr, bt_row, kv_head, start, end, 
 
 @triton.jit(do_not_specialize=RUN_TIME_INTS)
 def _decode(
-    q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr, stamps_ptr,
     qk_scale, num_seqs, num_programs,
     stride_q_seq, stride_q_head,
     stride_k_block, stride_k_tok, stride_k_head,
@@ -84,12 +86,16 @@ def _decode(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr, STAMPS: tl.constexpr,
 ):
-    """Range j of KV head `kv_head`'s tile line (kernels/work_split.py)."""
+    """Range j of KV head `kv_head`'s tile line (kernels/work_split.py). STAMPS: kernels/stamps.py's diagnostic."""
+    pid = tl.program_id(0)
+    if STAMPS:
+        stamp(stamps_ptr, pid, 0)
     if PDL:  # launched early (dispatch.PDL): everything read here may come from the kernel before
         gdc_wait()
-    pid = tl.program_id(0)
+    if STAMPS:
+        stamp(stamps_ptr, pid, 1)
     kv_head = pid % NUM_KV_HEADS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
     first, last = program_range(pid // NUM_KV_HEADS,
@@ -98,6 +104,8 @@ def _decode(
     row_mask = rows < GROUP
     dims = tl.arange(0, HEAD_DIM_PAD)
     out_mask = row_mask[:, None] & (dims < HEAD_DIM)[None, :]
+    if STAMPS:
+        stamp(stamps_ptr, pid, 2)
     x = first
     while x < last:
         seq, t_first, n, seq_len, seq_end = locate(x, seqs, lens, tiles, ends)
@@ -115,11 +123,14 @@ def _decode(
                            rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first, GROUP,
                            HEAD_DIM)
         x = seg_end
+    if STAMPS:
+        stamp(stamps_ptr, pid, 3)
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None, config=None, num_programs=None):
     """Triton paged decode. out: a buffer to write (tests poison it); config (block_n, num_warps,
-    num_stages, maxnreg, min_tiles) and num_programs override the tuned defaults and the one-wave grid."""
+    num_stages, maxnreg, min_tiles; stamps: kernels/stamps.py) and num_programs override the tuned defaults and the
+    one-wave grid."""
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_q_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
@@ -135,13 +146,14 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
                   HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
                   BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
                   MIN_TILES=cfg["min_tiles"], DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(k_cache),
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_options(launches_early(q.device)))
+                  STAMPS=stamps.buffer(cfg) is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                  **pdl_options(launches_early(q.device)))
     if on_gpu and cfg.get("maxnreg"):  # cap registers to fit more programs per multiprocessor
         consts["maxnreg"] = cfg["maxnreg"]
 
     def args(programs, part_out, part_lse):
         return (q, k_cache, v_cache, block_table, seq_lens, out, part_out, part_lse,
-                scale * LOG2E, num_seqs, programs,
+                part_lse if stamps.buffer(cfg) is None else stamps.buffer(cfg), scale * LOG2E, num_seqs, programs,
                 q.stride(0), q.stride(1),
                 k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                 v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -156,6 +168,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
         num_programs = resident_programs(_decode, (tuple(consts.items()), q.dtype, k_cache.dtype), q.device,
                                          cfg["num_warps"], probe)
     num_programs = num_kv_heads * max(1, num_programs // num_kv_heads)  # whole ranges for every KV head
+    assert stamps.buffer(cfg) is None or stamps.buffer(cfg).numel() >= num_programs * stamps.SLOTS
     part_out = torch.empty(num_programs * 2 * group * head_dim, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * group, device=q.device, dtype=torch.float32)
     _decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)

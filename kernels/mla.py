@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
+from . import stamps
 from .dot import dot, softmax_update
 from .prefill import prefill_grid, prefill_program, prefill_rows
 from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
@@ -295,7 +296,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
         hopper = mla_seesaw.mla_decode_seesaw if cfg.get("seesaw", False) else mla_hopper.mla_decode_hopper
         return hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
                       min_tiles=cfg["min_tiles"], num_programs=num_programs,
-                      partials=getattr(torch, cfg.get("partials", "float32")))
+                      partials=getattr(torch, cfg.get("partials", "float32")), stamps=stamps.buffer(cfg))
     head_block = min(cfg["head_block"], max(16, next_pow2(num_heads)))
     num_head_blocks = triton.cdiv(num_heads, head_block)
     block_n = cfg["block_n"] if on_gpu else 16  # the interpreter runs small tiles faster

@@ -20,6 +20,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from .dispatch import next_pow2, on_hopper, sm_count
+from .stamps import SLOTS
 from .work_split import ALIGN_TILES, RUN_TIME_INTS, merge_partials
 
 HEAD_BLOCK, BLOCK_N, NUM_WARPS = 64, 64, 8
@@ -65,6 +66,13 @@ def _program_range(seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS: gl.con
     first = _range_start(gl.minimum(j, ranges), ranges, total)
     last = _range_start(gl.minimum(j + 1, ranges), ranges, total)
     return pid % NUM_HEAD_BLOCKS, first, last, seqs, lens, tiles, ends
+
+
+@gluon.jit
+def stamp_gluon(stamps_ptr, pid, SLOT: gl.constexpr):
+    """kernels/stamps.py's stamp, in Gluon."""
+    now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+    gl.store(stamps_ptr + pid * 4 + SLOT, now)
 
 
 @gluon.jit
@@ -139,16 +147,16 @@ def _store_segment(o, m, l, rows_o: gl.constexpr, whole, x, first, seq, head_blo
 
 @gluon.jit(do_not_specialize=RUN_TIME_INTS)
 def _mla_decode_hopper(
-    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr, stamps_ptr,
     qk_scale, num_seqs, num_programs,
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head,
     stride_c_block, stride_c_tok,
     stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
-    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
 ):
-    """Range j of head block `pid % NUM_HEAD_BLOCKS`'s tile line, as _mla_decode."""
+    """Range j of head block `pid % NUM_HEAD_BLOCKS`'s tile line, as _mla_decode. STAMPS: kernels/stamps.py."""
     HEADS: gl.constexpr = 64
     TILE: gl.constexpr = 64
     line: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
@@ -161,9 +169,14 @@ def _mla_decode_hopper(
     q_pe_s = gl.allocate_shared_memory(gl.bfloat16, [HEADS, ROPE], smem)
     k_lat_s = gl.allocate_shared_memory(gl.bfloat16, [2, TILE, RANK], smem)
     k_pe_s = gl.allocate_shared_memory(gl.bfloat16, [2, TILE, ROPE], smem)  # a tile's rope keys, then its P
+    if STAMPS:
+        stamp_gluon(stamps_ptr, gl.program_id(0), 0)
+        stamp_gluon(stamps_ptr, gl.program_id(0), 1)  # no griddepcontrol.wait: waited as started
 
     head_block, first, last, seqs, lens, tiles, ends = _program_range(seq_lens_ptr, num_seqs, num_programs,
                                                                       NUM_HEAD_BLOCKS, MIN_TILES, TILE, SEQS_PAD, line)
+    if STAMPS:
+        stamp_gluon(stamps_ptr, gl.program_id(0), 2)
 
     q_heads = head_block * HEADS + gl.arange(0, HEADS, gl.SliceLayout(1, ld))
     q_rows = (q_heads < NUM_HEADS)[:, None]  # a block past the last head (fewer than 64): zeros, never stored
@@ -228,13 +241,15 @@ def _mla_decode_hopper(
                        first, seq, head_block, o_rows, o_cols, out_ptr, part_out_ptr, part_lse_ptr, stride_o_seq,
                        stride_o_head, HEADS, NUM_HEADS, RANK, True)
         x = seg_end
+    if STAMPS:
+        stamp_gluon(stamps_ptr, gl.program_id(0), 3)
 
 
 def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-           num_programs=None, partials=torch.float32):
+           num_programs=None, partials=torch.float32, stamps=None):
     """Launch a 64-head-block decode kernel of this file's arguments, tile line and partials (mla_hopper's or
     mla_seesaw's) over one wave (one program a multiprocessor: ~216 KiB of shared memory each), then merge the
-    partials. qk_scale: the softmax scale times log2(e)."""
+    partials. qk_scale: the softmax scale times log2(e); stamps: kernels/stamps.py's buffer, or None."""
     num_seqs, num_heads, rank = q_latent.shape
     units = -(-num_heads // HEAD_BLOCK)  # the last block masked where heads are fewer (16: V2-Lite)
     if num_programs is None:
@@ -246,13 +261,14 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
     rows = min(HEAD_BLOCK, num_heads)  # a partial's rows (_store_segment's PART_ROWS)
     part_out = torch.empty(num_programs * 2 * rows * rank, device=q_latent.device, dtype=partials)
     part_lse = torch.empty(num_programs * 2 * rows, device=q_latent.device, dtype=torch.float32)
+    assert stamps is None or stamps.numel() >= num_programs * SLOTS
     kernel[(num_programs,)](
         q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
-        qk_scale, num_seqs, num_programs,
+        part_lse if stamps is None else stamps, qk_scale, num_seqs, num_programs,
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
         NUM_HEAD_BLOCKS=units, NUM_HEADS=num_heads, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1],
-        SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, num_warps=num_warps)
+        SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, STAMPS=stamps is not None, num_warps=num_warps)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=rows,
                    head_dim=rank, block_n=BLOCK_N, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles,
                    align=True)  # as _program_range
@@ -260,7 +276,7 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
 
 
 def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, partials=torch.float32):
+                      num_programs=None, partials=torch.float32, stamps=None):
     """Decode with _mla_decode_hopper (see launch)."""
     return launch(_mla_decode_hopper, NUM_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
-                  min_tiles=min_tiles, num_programs=num_programs, partials=partials)
+                  min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps)

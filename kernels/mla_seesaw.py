@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .mla_hopper import _load_tile, _program_range, _segment, _store_segment, _tile_blocks, launch
+from .mla_hopper import _load_tile, _program_range, _segment, _store_segment, _tile_blocks, launch, stamp_gluon
 from .work_split import RUN_TIME_INTS
 
 PART_WARPS, WORKER_REGS = 4, 240
@@ -77,12 +77,12 @@ def _publish_p(s, m, l, m_slot, p_slot, published):
 @gluon.jit
 def _seesaw_partition(
     ME: gl.constexpr, smem, bars,
-    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr, stamps_ptr,
     qk_scale, num_seqs, num_programs,
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
-    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -96,9 +96,15 @@ def _seesaw_partition(
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     q_lat_s, q_pe_s, k_lat_s, k_pe_s, m_s, l_s = smem
     q_ready, q_free, ready, free, pa, pb, l_ready = bars
+    STAMP: gl.constexpr = STAMPS and ME == 0  # kernels/stamps.py, by partition 0
+    if STAMP:
+        stamp_gluon(stamps_ptr, gl.program_id(0), 0)
+        stamp_gluon(stamps_ptr, gl.program_id(0), 1)  # no griddepcontrol.wait: waited as started
 
     head_block, first, last, seqs, lens, tiles, ends = _program_range(seq_lens_ptr, num_seqs, num_programs,
                                                                       NUM_HEAD_BLOCKS, MIN_TILES, 64, SEQS_PAD, line)
+    if STAMP:
+        stamp_gluon(stamps_ptr, gl.program_id(0), 2)
     q_heads = head_block * HEADS + gl.arange(0, HEADS, gl.SliceLayout(1, ld))
     q_rows = (q_heads < NUM_HEADS)[:, None]  # a block past the last head (fewer than 64): zeros, never stored
     toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
@@ -246,18 +252,20 @@ def _seesaw_partition(
                        HEADS, NUM_HEADS, RANK, ME == 0)  # one log-sum-exp, partition 0's
         segments += 1
         x = seg_end
+    if STAMP:
+        stamp_gluon(stamps_ptr, gl.program_id(0), 3)
 
 
 @gluon.jit(do_not_specialize=RUN_TIME_INTS)
 def _mla_decode_seesaw(
-    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr, stamps_ptr,
     qk_scale, num_seqs, num_programs,
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head,
     stride_c_block, stride_c_tok,
     stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
-    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
 ):
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -288,20 +296,20 @@ def _mla_decode_seesaw(
     # the argument tuples written out: a tuple built by `+` passes its constexprs on as plain values
     gl.warp_specialize([
         (_seesaw_partition, (0, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
-                             part_out_ptr, part_lse_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
+                             part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES)),
+                             MIN_TILES, STAMPS)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
-                             part_out_ptr, part_lse_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
+                             part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES)),
+                             MIN_TILES, STAMPS)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, partials=torch.float32):
+                      num_programs=None, partials=torch.float32, stamps=None):
     """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials)."""
     return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
-                  min_tiles=min_tiles, num_programs=num_programs, partials=partials)
+                  min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps)

@@ -1,0 +1,145 @@
+"""Where a small decode's time goes, program by program: the decode kernels' time stamps (kernels/stamps.py) on
+kernels_h200.py's grid cells, in a CUDA graph of the cell's layers as the grid times them (one GPU).
+
+Usage: python3 benchmarks/decode_timeline.py [--out DIR] [CASE ...]
+
+Per case, the layer's time (graph replay, L2 flushed before each) with the stamps off and on (their cost), then, of
+the last layer's attention kernel (the last replay): its span, first program started to last done; how far apart the
+programs started (the launch); each program's start-up (started -> past griddepcontrol.wait -> its range known); its
+work (range known -> done: its tiles, its outputs or partials stored) per tile; and how long the last program ran
+past the median one (the tail). What is left of the layer (the layer's time less the span) is the merge of the
+partials and the gaps between kernels. A short table last; JSON and log to --out.
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.kernels_h200 import (DECODE, GRID, H200_COPY_BPS, H200_MM_FLOPS, MLA_DECODE, Cell,  # noqa: E402
+                                     attention_flops, bench_graph, cell_layers, decode_cell, floor_ms,
+                                     mla_decode_cell, traffic_bytes)
+from kernels import mla, stamps  # noqa: E402
+
+MAX_PROGRAMS = 132 * 32  # rows of the stamps buffer: more than any grid of these kernels
+
+
+def gqa(batch, context):
+    return Cell(DECODE, batch, context, 1, 28, 4, 128)
+
+
+def mla_cell(heads, batch, context):
+    return Cell(MLA_DECODE, batch, context, 1, heads, 1, 512, 64)
+
+
+CASES = {  # the grid's worst small cells (grid-20) and a large one of each kernel for the steady state
+    "gqa28-b1x4K": gqa(1, 4096), "gqa28-b1x32K": gqa(1, 32768), "gqa28-b1x128K": gqa(1, 131072),
+    "gqa28-b32x1K": gqa(32, 1024), "gqa28-b256x4K": gqa(256, 4096),
+    "mla16-b1x32K": mla_cell(16, 1, 32768), "mla16-b1x128K": mla_cell(16, 1, 131072),
+    "mla16-b8x4K": mla_cell(16, 8, 4096), "mla16-b256x4K": mla_cell(16, 256, 4096),
+    "mla128-b1x32K": mla_cell(128, 1, 32768), "mla128-b32x1K": mla_cell(128, 32, 1024),
+    "mla128-b8x4K": mla_cell(128, 8, 4096), "mla128-b256x4K": mla_cell(128, 256, 4096),
+}
+
+
+def tiles_per_program(c, programs):
+    """A program's share of its unit's tile line (64-token tiles, as both kernels tile), as line_ranges splits it."""
+    units = c.kv_heads if c.family == DECODE else -(-c.q_heads // 64)
+    return c.batch * -(-c.context // 64) / max(1, programs // units)
+
+
+def timeline(stamped, c):
+    """The spans above, in us, from the stamps of the programs that ran ([programs, 4] ns)."""
+    ran = stamped[(stamped != 0).all(dim=1)].double() / 1e3
+    started, waited, ranged, done = ran.unbind(1)
+    t0 = started.min()
+    med = torch.median
+    work = done - ranged
+    return {"programs": len(ran), "span_us": float(done.max() - t0),
+            "launch_p50_us": float(med(started - t0)), "launch_max_us": float((started - t0).max()),
+            "wait_p50_us": float(med(waited - started)), "setup_p50_us": float(med(ranged - waited)),
+            "work_p50_us": float(med(work)), "work_max_us": float(work.max()),
+            "us_per_tile": float(med(work)) / max(1.0, tiles_per_program(c, len(ran))),
+            "first_done_us": float(done.min() - t0), "tail_us": float(done.max() - med(done)),
+            "timer_step_ns": timer_step_ns(ran)}
+
+
+def timer_step_ns(ran):
+    """The smallest step between two distinct stamps: the timer's resolution, at most."""
+    steps = ran.flatten().sort().values.diff()
+    return float(steps[steps > 0].min() * 1e3) if (steps > 0).any() else None
+
+
+def run_case(name, c, gen):
+    layers = cell_layers(c, GRID)
+    build = (mla_decode_cell if c.family == MLA_DECODE else decode_cell)(c, layers, gen)
+    buf = torch.zeros(MAX_PROGRAMS, stamps.SLOTS, dtype=torch.int64, device="cuda")
+    on = build["with_config"]({"stamps": buf})
+    row = {"case": name, "cell": c.name, "layers": layers,
+           "floor_us": floor_ms(traffic_bytes(c), attention_flops(c), H200_COPY_BPS, H200_MM_FLOPS) * 1e3}
+    if c.family == MLA_DECODE and not mla.decode_config(c.q_heads, True).get("hopper"):
+        row["note"] = "Triton's _mla_decode runs here: it takes no stamps"
+    row["layer_off_us"] = bench_graph(build["step"]) / layers * 1e3
+    buf.zero_()
+    row["layer_on_us"] = bench_graph(on) / layers * 1e3
+    row.update(timeline(buf.cpu(), c))
+    row["rest_us"] = row["layer_on_us"] - row["span_us"]
+    return row
+
+
+COLUMNS = [  # key, heading, width, format
+    ("case", "case", 15, ""), ("floor_us", "floor", 6, ".1f"), ("layer_off_us", "layer", 7, ".1f"),
+    ("layer_on_us", "stamped", 7, ".1f"), ("span_us", "kernel", 7, ".1f"), ("launch_max_us", "launch", 6, ".1f"),
+    ("wait_p50_us", "wait", 5, ".1f"), ("setup_p50_us", "setup", 5, ".1f"), ("first_done_us", "1st", 6, ".1f"),
+    ("work_p50_us", "work", 7, ".1f"), ("us_per_tile", "/tile", 5, ".2f"), ("tail_us", "tail", 5, ".1f"),
+    ("rest_us", "rest", 6, ".1f"), ("programs", "progs", 5, ""),
+]
+
+
+def table(rows):
+    lines = ["us per layer; kernel: first program started -> last done; launch: the last program's start after the "
+             "first; wait, setup, work: medians (past griddepcontrol.wait; range known; its tiles and stores); 1st: "
+             "the first program done; tail: the last done after the median; rest: the layer less the kernel "
+             "(the merge, the gaps)",
+             " ".join(f"{h:<{w}}" if k == "case" else f"{h:>{w}}" for k, h, w, _ in COLUMNS)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['case']:<15} failed: {r['error']}")
+            continue
+        lines.append(" ".join(f"{r[k]:<{w}}" if k == "case" else f"{r[k]:>{w}{f}}" for k, _, w, f in COLUMNS))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cases", nargs="*", metavar="CASE", help=f"default: every one of {', '.join(CASES)}")
+    ap.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
+    args = ap.parse_args()
+    unknown = [n for n in args.cases if n not in CASES]
+    if unknown:
+        ap.error(f"unknown case {unknown[0]!r}: the cases are {', '.join(CASES)}")
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU: the stamps are the GPU's global timer")
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name in args.cases or CASES:
+        try:
+            rows.append(run_case(name, CASES[name], gen))
+        except Exception as e:  # noqa: BLE001 - one failing case leaves the others' rows standing
+            rows.append({"case": name, "error": repr(e)[:300]})
+        print(json.dumps(rows[-1]), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    report = table(rows)
+    with open(os.path.join(args.out, "decode_timeline.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, "decode_timeline.log"), "w") as f:
+        f.write("\n".join(json.dumps(r) for r in rows) + "\n\n" + report + "\n")
+    print("\n" + report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Per-program time stamps in the decode kernels: a diagnostic, off unless a launch passes a buffer (config
+"stamps": an int64 tensor of [programs, SLOTS]). Each program writes the GPU's global timer (ns) at SLOTS points of its
+life, so benchmarks/decode_timeline.py can split a kernel's time into the launch's spread, each program's start-up,
+its tiles, and the wait for the last program: the time a long sequence's decode spends apart from its bytes
+(kernels_h200_2026-12-03_notes.md: ~1.13x of the floor plus ~9-13 us a layer at one sequence).
+Off, the kernels compile as without it (a constexpr; the pointer goes unused).
+"""
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import globaltimer
+
+SLOTS = 4
+# started; past griddepcontrol.wait (where the kernel waits on the one before it, else as started); its range known,
+# its first loads next; its last output or partial stored
+NAMES = ("started", "waited", "ranged", "done")
+
+
+@triton.jit
+def stamp(stamps_ptr, pid, SLOT: tl.constexpr):
+    """Program pid's time at SLOT (one store, every thread the same value)."""
+    tl.store(stamps_ptr + pid * 4 + SLOT, globaltimer())
+
+
+def buffer(config: dict | None):
+    """The stamps tensor a launch's config asks for (int64, [programs, SLOTS] at least), or None: off."""
+    stamps = (config or {}).get("stamps")
+    assert stamps is None or stamps.dtype == torch.int64, "config stamps: an int64 tensor of [programs, 4]"
+    return stamps
