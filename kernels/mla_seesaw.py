@@ -38,22 +38,20 @@ WORKER_REGS_C = gl.constexpr(WORKER_REGS)
 
 
 @gluon.jit
-def _own_tile(ME: gl.constexpr, i, blocks, k_lat_s, k_pe_s, ready, free, fills, cache_ptr, bt_row, start, end,
+def _own_tile(ME: gl.constexpr, i, k_lat_s, k_pe_s, ready, free, fills, cache_ptr, bt_row, start, end,
               stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr):
-    """Load tile i (this partition's; blocks: its cache blocks) into buffer ME once both partitions are done with its
-    last tile; the copies arrive on `ready` as they land. Returns the buffer's fills so far and the cache blocks of
-    this partition's next tile, i + 2: loaded here, a pair ahead of its copies, so those do not wait on the block
-    table (ncu at 128h b256 x 4K: the copies' address math stalled on it, decode_ncu_2026-12-02_*_seesaw-*)."""
+    """Load tile i (this partition's) into buffer ME once both partitions are done with its last tile; the copies
+    arrive on `ready` as they land. Returns the buffer's fills so far."""
     toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
     lat_cols = gl.arange(0, RANK, gl.SliceLayout(0, ld))
     pe_cols = gl.arange(0, 64, gl.SliceLayout(0, ld))
     if fills > 0:
         mbarrier.wait(free, (fills - 1) & 1)
     t0 = start + i * 64
-    _load_tile(k_lat_s.index(ME), k_pe_s.index(ME), cache_ptr, blocks, t0, end, stride_c_block, stride_c_tok, toks,
-               lat_cols, pe_cols, RANK, BLOCK_SIZE)
+    _load_tile(k_lat_s.index(ME), k_pe_s.index(ME), cache_ptr, _tile_blocks(bt_row, t0, end, toks, BLOCK_SIZE), t0,
+               end, stride_c_block, stride_c_tok, toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
     cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
-    return fills + 1, _tile_blocks(bt_row, t0 + 128, end, toks, BLOCK_SIZE)
+    return fills + 1
 
 
 @gluon.jit
@@ -107,7 +105,6 @@ def _seesaw_partition(
         stamp_gluon(stamps_ptr, gl.program_id(0), 2)
     q_heads = head_block * HEADS + gl.arange(0, HEADS, gl.SliceLayout(1, ld))
     q_rows = (q_heads < NUM_HEADS)[:, None]  # a block past the last head (fewer than 64): zeros, never stored
-    toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
     lat_cols = gl.arange(0, RANK, gl.SliceLayout(0, ld))
     pe_cols = gl.arange(0, ROPE, gl.SliceLayout(0, ld))
     s_cols = gl.arange(0, 64, gl.SliceLayout(0, s_layout))
@@ -126,7 +123,6 @@ def _seesaw_partition(
     while x < last:
         seq, n, t_first, count, seg_end, start, end = _segment(x, last, seqs, lens, tiles, ends, 64)
         bt_row = block_table_ptr + seq * stride_bt_seq
-        blocks = _tile_blocks(bt_row, start + ME * 64, end, toks, BLOCK_SIZE)  # its first tile's: 0 or 1
 
         if ME == 0:
             if segments > 0:
@@ -136,15 +132,13 @@ def _seesaw_partition(
             cp.async_copy_global_to_shared(q_pe_s.index(0), q_pe_ptr + seq * stride_qp_seq
                                            + q_heads[:, None] * stride_qp_head + pe_cols[None, :], mask=q_rows)
             cp.mbarrier_arrive(q_ready, increment_count=False)
-            fills_0, blocks = _own_tile(0, 0, blocks, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0,
-                                        cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
-                                        BLOCK_SIZE, ld)
+            fills_0 = _own_tile(0, 0, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0, cache_ptr, bt_row,
+                                start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
         else:
             fills_0 += 1  # partition 0's load of tile 0, counted here too
             if count > 1:
-                fills_1, blocks = _own_tile(1, 1, blocks, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1,
-                                            cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
-                                            BLOCK_SIZE, ld)
+                fills_1 = _own_tile(1, 1, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1, cache_ptr, bt_row,
+                                    start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
         if ME == 0:
             if count > 1:
                 fills_1 += 1
@@ -183,8 +177,8 @@ def _seesaw_partition(
                     mbarrier.arrive(free.index(0), count=1)  # done with A: its next tile may load
                     pv = warpgroup_mma(k_pe_s.index(1), v_other, acc, is_async=True)
                     if 2 * k + 2 < count:  # the next A's copies issued while P_B x V_B runs
-                        fills_0, blocks = _own_tile(0, 2 * k + 2, blocks, k_lat_s, k_pe_s, ready.index(0),
-                                                    free.index(0), fills_0, cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
+                        fills_0 = _own_tile(0, 2 * k + 2, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0,
+                                            cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
                                             BLOCK_SIZE, ld)
                     acc = warpgroup_mma_wait(0, deps=[pv])
                     mbarrier.arrive(free.index(1), count=1)
@@ -224,8 +218,8 @@ def _seesaw_partition(
                                                                     is_async=True)])
                     mbarrier.arrive(free.index(1), count=1)
                     if 2 * k + 3 < count:  # its next B, once partition 0 is done with this one
-                        fills_1, blocks = _own_tile(1, 2 * k + 3, blocks, k_lat_s, k_pe_s, ready.index(1),
-                                                    free.index(1), fills_1, cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
+                        fills_1 = _own_tile(1, 2 * k + 3, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1,
+                                            cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
                                             BLOCK_SIZE, ld)
                     m = m_b
                 else:
