@@ -31,11 +31,6 @@ PROBE_PROGRAMS = 1001
 # 2 stages, not 3: of 8 configs on four GQA 28/4 cells (kernels_h200_2026-12-01_*_grid-8), b256 x 4K 1.05x of the
 # floor against 1.18x, b32 x 1K 2.05x against 2.10x, one 32K sequence 2.00x against 1.94x.
 DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "maxnreg": None, "min_tiles": 1}
-# A range's ends move by a quarter of a loop step (16 tokens on the GPU), not a whole one: cut in whole 64-token tiles,
-# 32 sequences of 1K (512 tiles a KV head) over 99 ranges gave 17 ranges 6 tiles and 82 ranges 5, and the kernel lasted
-# as long as the 6-tile ones (decode_timeline_2026-12-03_*_run-1: its programs' work 19.25 us at the median, 23.75 at
-# the most; one 32K sequence the same). A range's last step is then partly masked: no bytes are read past its end.
-RANGE_STEPS_A_TILE = 4
 
 
 @triton.jit
@@ -90,12 +85,10 @@ def _decode(
     stride_o_seq, stride_o_head,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, LINE_N: tl.constexpr, SEQS_PAD: tl.constexpr,
-    MIN_TILES: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
-    STAMPS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr, STAMPS: tl.constexpr,
 ):
-    """Range j of KV head `kv_head`'s tile line (kernels/work_split.py), whose tiles are LINE_N tokens (a fraction of
-    the BLOCK_N tokens a loop step reads; MIN_TILES counts them). STAMPS: kernels/stamps.py's diagnostic."""
+    """Range j of KV head `kv_head`'s tile line (kernels/work_split.py). STAMPS: kernels/stamps.py's diagnostic."""
     pid = tl.program_id(0)
     if STAMPS:
         stamp(stamps_ptr, pid, 0)
@@ -104,7 +97,7 @@ def _decode(
     if STAMPS:
         stamp(stamps_ptr, pid, 1)
     kv_head = pid % NUM_KV_HEADS
-    seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, LINE_N, SEQS_PAD)
+    seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
     first, last = program_range(pid // NUM_KV_HEADS,
                                 line_ranges(num_programs, NUM_KV_HEADS, total, MIN_TILES, tiles, False), total)
     rows = tl.arange(0, GROUP_PAD)
@@ -122,7 +115,7 @@ def _decode(
         q = tl.load(q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :],
                     mask=out_mask, other=0.0)
         m, l, acc = attend_tokens(q, k_ptr, v_ptr, block_table_ptr + seq * stride_bt_seq, kv_head,
-                                  t_first * LINE_N, tl.minimum(t_last * LINE_N, seq_len), qk_scale,
+                                  t_first * BLOCK_N, tl.minimum(t_last * BLOCK_N, seq_len), qk_scale,
                                   stride_k_block, stride_k_tok, stride_k_head,
                                   stride_v_block, stride_v_tok, stride_v_head, 0,
                                   GROUP_PAD, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, BLOCK_N, False, DOT_PRECISION, UPCAST)
@@ -149,11 +142,10 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
     if num_seqs == 0:
         return out
     block_n = cfg["block_n"] if on_gpu else 16  # the interpreter runs small tiles faster
-    line_n, min_tiles = block_n // RANGE_STEPS_A_TILE, cfg["min_tiles"] * RANGE_STEPS_A_TILE  # the line's tiles
     consts = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
                   HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
-                  BLOCK_SIZE=block_size, BLOCK_N=block_n, LINE_N=line_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
-                  MIN_TILES=min_tiles, DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(k_cache),
+                  BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
+                  MIN_TILES=cfg["min_tiles"], DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(k_cache),
                   STAMPS=stamps.buffer(cfg) is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                   **pdl_options(launches_early(q.device)))
     if on_gpu and cfg.get("maxnreg"):  # cap registers to fit more programs per multiprocessor
@@ -181,5 +173,6 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
     part_lse = torch.empty(num_programs * 2 * group, device=q.device, dtype=torch.float32)
     _decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_q_heads, units=num_kv_heads,
-                   rows=group, head_dim=head_dim, block_n=line_n, seqs_pad=consts["SEQS_PAD"], min_tiles=min_tiles)
+                   rows=group, head_dim=head_dim, block_n=block_n, seqs_pad=consts["SEQS_PAD"],
+                   min_tiles=cfg["min_tiles"])
     return out
