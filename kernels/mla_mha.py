@@ -136,25 +136,63 @@ def _mha_prefill(
              (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & (v_dims < V_DIM)[None, :])
 
 
-def context_slots(block_table, seq_lens, block_size, start, count):
-    """The cache slots of the packed context tokens [start, start + count) (every sequence's tokens 0..seq_len-1,
-    sequence after sequence), and the cumulative context lengths [S + 1]. No host sync: a CUDA graph can capture it."""
-    cu_k = torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int64, device=seq_lens.device)
-    torch.cumsum(seq_lens, 0, out=cu_k[1:])
-    token = torch.arange(start, start + count, device=seq_lens.device)
-    seq = torch.searchsorted(cu_k[1:], token, right=True)
-    pos = token - cu_k[seq]
-    return block_table[seq, pos // block_size].long() * block_size + pos % block_size, cu_k
+# Context tokens a _gather_context program copies, by how many sequences it looks each token up among (a [tokens,
+# sequences] comparison): about 8K of it a program.
+GATHER_LOOKUPS = 8192
+GATHER_COLUMNS = 64  # latent columns a program copies: 9 programs a token block for DeepSeek's 576
+
+
+@triton.jit(do_not_specialize=["num_seqs", "start", "count", "stride_bt_seq"])
+def _gather_context(latent_ptr, block_table_ptr, seq_lens_ptr, out_ptr, cu_k_ptr, num_seqs, start, count,
+                    stride_c_slot, stride_bt_seq, stride_o_tok, WIDTH: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                    SEQS_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr):
+    """BLOCK_T packed context tokens (every sequence's tokens 0..seq_len-1, sequence after sequence), from start: each
+    found in its sequence and block, its latent row's BLOCK_W columns copied from the paged cache. Program (0, 0) also
+    writes the cumulative context lengths."""
+    seqs = tl.arange(0, SEQS_PAD)
+    lens = tl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0).to(tl.int64)
+    ends = tl.cumsum(lens, 0)
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        tl.store(cu_k_ptr + 1 + seqs, ends, mask=seqs < num_seqs)
+        tl.store(cu_k_ptr + seqs, tl.zeros([SEQS_PAD], tl.int64), mask=seqs == 0)
+    i = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    held = i < count
+    tok = start + i.to(tl.int64)
+    seq = tl.sum((ends[None, :] <= tok[:, None]).to(tl.int32), 1)
+    pos = tok - tl.sum(tl.where(seqs[None, :] == seq[:, None], ends - lens, 0), 1)
+    block = tl.load(block_table_ptr + seq.to(tl.int64) * stride_bt_seq + pos // BLOCK_SIZE, mask=held, other=0)
+    slot = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+    cols = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    mask = held[:, None] & (cols < WIDTH)[None, :]
+    row = tl.load(latent_ptr + slot[:, None] * stride_c_slot + cols[None, :], mask=mask)
+    tl.store(out_ptr + i.to(tl.int64)[:, None] * stride_o_tok + cols[None, :], row, mask=mask)
+
+
+def gather_context(latent_cache, block_table, seq_lens, start, count):
+    """The latent rows of the packed context tokens [start, start + count) (every sequence's tokens 0..seq_len-1,
+    sequence after sequence) gathered from the paged cache into [count, width], and the cumulative context lengths
+    [S + 1]: one kernel (on an H200 the torch ops that found the slots and gathered took ~25 us of a 230 us 16-head
+    4K prefill: kernels_h200_2026-12-03_*_grid-21). No host sync: a CUDA graph can capture it."""
+    _, block_size, width = latent_cache.shape
+    num_seqs = seq_lens.shape[0]
+    rows = latent_cache.new_empty(count, width)
+    cu_k = torch.empty(num_seqs + 1, dtype=torch.int64, device=seq_lens.device)
+    seqs_pad = max(16, next_pow2(num_seqs))
+    block_t = max(16, min(128, GATHER_LOOKUPS // seqs_pad))
+    flat = latent_cache.view(-1, width)
+    _gather_context[(max(1, triton.cdiv(count, block_t)), triton.cdiv(width, GATHER_COLUMNS))](
+        flat, block_table, seq_lens, rows, cu_k, num_seqs, start, count, flat.stride(0), block_table.stride(0),
+        rows.stride(0), WIDTH=width, BLOCK_SIZE=block_size, SEQS_PAD=seqs_pad, BLOCK_T=block_t,
+        BLOCK_W=GATHER_COLUMNS, num_warps=4)
+    return rows, cu_k
 
 
 def decompress_context(latent_cache, block_table, seq_lens, kv_b_weight, heads, start, count):
     """The packed context tokens [start, start + count): their latent rows gathered from the paged cache, kv_c through
     kv_b_proj: (per-head keys' nope part then values [count, H, nope + v], the shared k_pe [count, rope], cumulative
     context lengths [S + 1])."""
-    _, block_size, width = latent_cache.shape
     rank = kv_b_weight.shape[1]
-    slots, cu_k = context_slots(block_table, seq_lens, block_size, start, count)
-    latent = latent_cache.view(-1, width)[slots]
+    latent, cu_k = gather_context(latent_cache, block_table, seq_lens, start, count)
     kv = torch.nn.functional.linear(latent[:, :rank], kv_b_weight).view(latent.shape[0], heads, -1)
     return kv, latent[:, rank:], cu_k
 

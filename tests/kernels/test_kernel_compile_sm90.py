@@ -24,7 +24,7 @@ def test_every_kernel_compiles_to_sm90_ptx(tmp_path):
     kernels = {row.split(":")[1].split()[0] for row in rows}
     assert kernels == {"_decode", "_prefill", "_prefill_hopper", "_mla_decode", "_mla_decode_hopper",
                        "_mla_decode_seesaw", "_mla_prefill",
-                       "_mha_prefill", "_merge_window", "combine_cut_units",
+                       "_mha_prefill", "_merge_window", "_gather_context", "combine_cut_units",
                        "_write_latent_rows", "_write_kv_rows", "_rotate_write_kv_rows", "_sort_picks", "_gate_up",
                        "_down", "_sum_picks",
                        "_router_logits", "_route",

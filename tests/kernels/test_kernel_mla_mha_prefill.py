@@ -9,7 +9,7 @@ pytest.importorskip("triton")
 import kernels  # noqa: E402
 from kernel_helpers import assert_close, poisoned, randn, scattered_block_table  # noqa: E402
 from kernels import reference  # noqa: E402
-from kernels.mla_mha import mla_mha_prefill, window_tokens  # noqa: E402
+from kernels.mla_mha import gather_context, mla_mha_prefill, window_tokens  # noqa: E402
 
 
 def make_case(seed, block_size, heads, new, prefixes, rank=32, rope=16, nope=16, v_dim=16, dtype=torch.float32):
@@ -31,6 +31,20 @@ def fp32_reference(q_nope, q_pe, cache, table, cu, seq_lens, kv_b, scale):
 
 def poisoned_out(case, v_dim=16):
     return poisoned(case[0].new_empty(case[0].shape[0], case[0].shape[1], v_dim))
+
+
+@pytest.mark.parametrize("start, count", [(0, 88), (5, 40), (37, 1), (87, 1)])
+def test_context_gathered_window_by_window_across_sequences(start, count):
+    """Each packed context token's latent row, found through its sequence's block table (an empty sequence among
+    them), and the cumulative lengths: as the rows of the cache in that order."""
+    gen = torch.Generator().manual_seed(7)
+    lengths = [30, 0, 1, 57]
+    table, num_blocks = scattered_block_table(lengths, 8, gen)
+    cache = randn(gen, num_blocks, 8, 40)
+    rows, cu_k = gather_context(cache, table, torch.tensor(lengths, dtype=torch.int32), start, count)
+    every = torch.cat([cache[table[s, t // 8], t % 8][None] for s, n in enumerate(lengths) for t in range(n)])
+    assert torch.equal(rows, every[start:start + count])
+    assert cu_k.tolist() == [0, 30, 30, 31, 88]
 
 
 @pytest.mark.parametrize("heads", [1, 3, 16])
