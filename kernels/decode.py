@@ -142,18 +142,19 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
     if num_seqs == 0:
         return out
     block_n = cfg["block_n"] if on_gpu else 16  # the interpreter runs small tiles faster
+    stamp_buf = stamps.buffer(cfg)
     consts = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
                   HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
                   BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
                   MIN_TILES=cfg["min_tiles"], DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(k_cache),
-                  STAMPS=stamps.buffer(cfg) is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                  STAMPS=stamp_buf is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                   **pdl_options(launches_early(q.device)))
     if on_gpu and cfg.get("maxnreg"):  # cap registers to fit more programs per multiprocessor
         consts["maxnreg"] = cfg["maxnreg"]
 
     def args(programs, part_out, part_lse):
         return (q, k_cache, v_cache, block_table, seq_lens, out, part_out, part_lse,
-                part_lse if stamps.buffer(cfg) is None else stamps.buffer(cfg), scale * LOG2E, num_seqs, programs,
+                part_lse if stamp_buf is None else stamp_buf, scale * LOG2E, num_seqs, programs,
                 q.stride(0), q.stride(1),
                 k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                 v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -168,7 +169,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
         num_programs = resident_programs(_decode, (tuple(consts.items()), q.dtype, k_cache.dtype), q.device,
                                          cfg["num_warps"], probe)
     num_programs = num_kv_heads * max(1, num_programs // num_kv_heads)  # whole ranges for every KV head
-    assert stamps.buffer(cfg) is None or stamps.buffer(cfg).numel() >= num_programs * stamps.SLOTS
+    assert stamp_buf is None or stamp_buf.numel() >= num_programs * stamps.SLOTS
     part_out = torch.empty(num_programs * 2 * group * head_dim, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(num_programs * 2 * group, device=q.device, dtype=torch.float32)
     _decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)

@@ -297,6 +297,9 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
         return hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
                       min_tiles=cfg["min_tiles"], num_programs=num_programs,
                       partials=getattr(torch, cfg.get("partials", "float32")), stamps=stamps.buffer(cfg))
+    if stamps.buffer(cfg) is not None:
+        raise ValueError("config stamps: only the Gluon decode kernels (sm_90, hopper) write time stamps, not "
+                         "_mla_decode")
     head_block = min(cfg["head_block"], max(16, next_pow2(num_heads)))
     num_head_blocks = triton.cdiv(num_heads, head_block)
     block_n = cfg["block_n"] if on_gpu else 16  # the interpreter runs small tiles faster

@@ -31,6 +31,12 @@ def test_matches_reference_fp32(block_size, heads):
     assert_close(mla_decode(*case, out=poisoned(case[0])), fp32_reference(*case))
 
 
+def test_time_stamps_asked_of_the_triton_kernel_are_refused_not_left_unwritten():
+    case = make_case(3, 16, 16, [40, 7])
+    with pytest.raises(ValueError, match="only the Gluon decode kernels"):
+        mla_decode(*case, config={"stamps": torch.zeros(8, 4, dtype=torch.int64)})
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision(dtype):
     case = make_case(1, 16, 16, [29, 40], dtype=DTYPES[dtype])
