@@ -30,7 +30,8 @@ TRITON = {"hopper": False}
 # intra-warpgroup pipelining) 1.01-1.22x faster than without on the 5 dense cells, a third stage 0.97-1.06x more.
 # The default is persistent up to 8K new tokens (run-5); per_item and persistent force one way.
 VARIANTS = {"hopper": HOPPER, "per_item": {**HOPPER, "hopper_persistent": False},
-            "persistent": {**HOPPER, "hopper_persistent": True}}
+            "pingpong": {**HOPPER, "hopper_pingpong": True},
+            "pingpong_per_item": {**HOPPER, "hopper_pingpong": True, "hopper_persistent": False}}
 # (query heads, KV heads, [(sequence length, new tokens)], cache block size, dtype, tiles_first)
 CHECKS = [
     (28, 4, [(2048, 2048)], 16, torch.bfloat16, None),

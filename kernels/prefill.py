@@ -39,7 +39,8 @@ LOG2E = 1.4426950408889634
 # prompt from 2.99x of the FLOP floor to 1.99x (kernels_h200_*_grid, 48 configs of grouped rows), and one query head
 # per program, no group padding, to 1.89x; within 0.16x of the best config on every other prefill cell (*_grid-2).
 # hopper: on an sm_90 GPU, kernels/prefill_hopper.py (Gluon, warp-specialized) where its shapes allow (hopper_stages:
-# its key/value tiles in flight; hopper_overlap: its consumers' OVERLAP; hopper_persistent: its PERSISTENT).
+# its key/value tiles in flight; hopper_overlap, hopper_pingpong: its consumers' OVERLAP, PINGPONG; hopper_persistent:
+# its PERSISTENT).
 CONFIG = {"rows": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "split_causal": True,
           "one_head_per_program": True, "tiles_first": None, "hopper": True}
 CPU_CONFIG = {"rows": 16, "block_n": 16}  # the interpreter: small tiles run faster
@@ -192,9 +193,7 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
                                          q.device)
         return prefill_hopper.paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
                                                    scale * LOG2E, grid, tiles_first, out,
-                                                   stages=cfg.get("hopper_stages", prefill_hopper.STAGES),
-                                                   overlap=cfg.get("hopper_overlap", prefill_hopper.OVERLAP),
-                                                   persistent=cfg.get("hopper_persistent", prefill_hopper.PERSISTENT))
+                                                   **prefill_hopper.options(cfg, prefill_hopper.STAGES))
     heads_per_token = 1 if cfg["one_head_per_program"] else next_pow2(group)
     block_q = max(1, cfg["rows"] // heads_per_token)
     grid, tiles_first = prefill_grid(max_q_len, block_q, num_q_heads if heads_per_token == 1 else num_kv_heads,
