@@ -69,10 +69,10 @@ def _program_range(seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS: gl.con
 
 
 @gluon.jit
-def stamp_gluon(stamps_ptr, pid, SLOT: gl.constexpr):
-    """kernels/stamps.py's stamp, in Gluon."""
+def stamp_gluon(stamps_ptr, row, SLOT: gl.constexpr, WIDTH: gl.constexpr = 4):
+    """kernels/stamps.py's stamp, in Gluon (rows of WIDTH slots)."""
     now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-    gl.store(stamps_ptr + pid * 4 + SLOT, now)
+    gl.store(stamps_ptr + row * WIDTH + SLOT, now)
 
 
 @gluon.jit

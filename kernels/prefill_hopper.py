@@ -31,6 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .dispatch import on_hopper, sm_count
+from .mla_hopper import stamp_gluon
 
 BLOCK_M, BLOCK_N, HALF_M = 128, 128, 64  # query rows a program (two consumers of 64), keys a tile
 CONSUMER_WARPS, PRODUCER_WARPS = 4, 1
@@ -44,6 +45,12 @@ STAGES, MLA_STAGES, OVERLAP = 3, 2, True
 # PINGPONG (with OVERLAP): FlashAttention-3's ping-pong, the consumers take turns to issue their products (_turn), so
 # one's exponentials run under the other's products from a prompt's first key tile on, not only once they drift apart.
 PINGPONG = False
+# Time stamps (a diagnostic, off unless a launch passes a buffer: benchmarks/prefill_timeline.py): the first consumer
+# writes, for each of its program's items (row: program x rounds + round), the global timer when it turns to the item,
+# when its query has landed, its first scores are in, its last P x V is done, its output is stored, and the item's
+# key tiles.
+STAMP_NAMES = ("turned", "query", "first scores", "last product", "stored", "tiles")
+STAMP_WIDTH = gl.constexpr(len(STAMP_NAMES))
 # Persistent (_launch): one program a multiprocessor taking items in rounds, where no prompt has more than
 # PERSISTENT_UP_TO new tokens (None: that rule; True/False: always/never). On an H200 (prefill_hopper_h200_2026-12-02_*
 # _run-5) persistent against one program an item: up to 8K new tokens 1.01-1.22x faster (8 x 2K 0.643 -> 0.525 ms),
@@ -292,7 +299,7 @@ def _pass_turn(turns, ME: gl.constexpr, PINGPONG: gl.constexpr):
 @gluon.jit
 def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head,
               stride_lse_tok, qk_scale, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, OVERLAP: gl.constexpr,
-              PINGPONG: gl.constexpr, WINDOWED: gl.constexpr):
+              PINGPONG: gl.constexpr, WINDOWED: gl.constexpr, stamps_ptr, STAMPS: gl.constexpr):
     """For each item, rows ME x 64 .. + 63 of its query tile: the online softmax over its key tiles (tile i: the
     sequence's tokens t_base + i x 128 ..), then the output (WINDOWED: with each row's log2-sum-exp, -inf where it saw
     no key). OVERLAP: tile i's scores issued before tile i - 1's P x V, its exponentials computed while that runs; with
@@ -317,6 +324,10 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
         q_start, q_len, k_start, seq_len, seq_blocks, prefix, kv_end, t_base, n_tiles = _geometry(
             q_tile, seq, problem, BLOCK_SIZE, WINDOWED)
         if valid & (q_tile * 128 < q_len):
+            STAMP: gl.constexpr = STAMPS and ME == 0
+            stamp_row = gl.program_id(0) * gl.cdiv(order[0], gl.num_programs(0)) + k
+            if STAMP:
+                stamp_gluon(stamps_ptr, stamp_row, 0, STAMP_WIDTH)
             row0 = q_tile * 128 + ME * 64  # index among the new tokens of this consumer's first row
             q_pos = prefix + row0 + gl.arange(0, 64, gl.SliceLayout(1, s_layout))
             keys = t_base + gl.arange(0, 128, gl.SliceLayout(0, s_layout))
@@ -328,11 +339,15 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
             l = gl.zeros([64], gl.float32, gl.SliceLayout(1, s_layout))
             acc = gl.zeros([64, V_DIM], gl.float32, o_layout)
             mbarrier.wait(q_ready, items & 1)
+            if STAMP:
+                stamp_gluon(stamps_ptr, stamp_row, 1, STAMP_WIDTH)
             if OVERLAP and n_tiles > 0:
                 _turn(turns, ME, issues, PINGPONG)
                 s = _scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, tiles, zeros, ROPE)
                 _pass_turn(turns, ME, PINGPONG)
                 s = warpgroup_mma_wait(0, deps=[s])
+                if STAMP:
+                    stamp_gluon(stamps_ptr, stamp_row, 2, STAMP_WIDTH)
                 mbarrier.arrive(k_free.index(tiles % STAGES), count=1)
                 p, m, alpha, l = _softmax_step(s, 0, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED)
                 for i in range(1, n_tiles):
@@ -353,6 +368,8 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
                 acc = _values(acc, p, v_s, v_ready, c, tokens - (n_tiles - 1) * 128, p_regs, ld)
                 _pass_turn(turns, ME, PINGPONG)
                 acc = warpgroup_mma_wait(0, deps=[acc])
+                if STAMP:
+                    stamp_gluon(stamps_ptr, stamp_row, 3, STAMP_WIDTH)
                 mbarrier.arrive(v_free.index(c % STAGES), count=1)
                 issues += n_tiles + 1
             else:
@@ -379,6 +396,9 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
             dims = gl.arange(0, V_DIM, gl.SliceLayout(0, o_layout))
             o_ptrs = out_ptr + tok[:, None] * stride_o_tok + head * stride_o_head + dims[None, :]
             gl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < q_len)[:, None])
+            if STAMP:
+                stamp_gluon(stamps_ptr, stamp_row, 4, STAMP_WIDTH)
+                gl.store(stamps_ptr + stamp_row * STAMP_WIDTH + 5, n_tiles.to(gl.int64))
             items += 1
             tiles += n_tiles
 
@@ -388,15 +408,16 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
 def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
                     out_ptr, lse_ptr, qk_scale, stride_bt_seq, stride_o_tok, stride_o_head, stride_lse_tok,
                     q_head_cols, qpe_head_cols, k_head_cols, v_head_cols, window_start, window_end,
-                    num_items, num_tiles, num_units, num_seqs, tiles_first,
+                    num_items, num_tiles, num_units, num_seqs, tiles_first, stamps_ptr,
                     GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, STAGES: gl.constexpr,
-                    OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, WINDOWED: gl.constexpr):
+                    OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, WINDOWED: gl.constexpr, STAMPS: gl.constexpr):
     """Items: (query tile, query head, sequence), num_items of them (_item), taken by the programs in rounds.
     BLOCK_SIZE > 0: keys and values in the paged cache (block_table_ptr), seq_lens_ptr each sequence's length.
     BLOCK_SIZE 0: contiguous keys, seq_lens_ptr the cumulative lengths (sequence i's keys are rows [cu[i], cu[i+1]).
     ROPE > 0: scores over q/k nope plus rope columns (qpe_desc, kpe_desc: the rope keys shared by every head).
     WINDOWED (contiguous keys): the keys and values hold the packed tokens [window_start, window_end) only; each row
-    attends over its sequence's tokens there and writes its log-sum-exp to lse_ptr (mla_mha's context windows)."""
+    attends over its sequence's tokens there and writes its log-sum-exp to lse_ptr (mla_mha's context windows).
+    STAMPS: time stamps to stamps_ptr (STAMP_NAMES)."""
     q_s = gl.allocate_shared_memory(q_desc.dtype, [2, 64, q_desc.block_type.shape[1]], q_desc.layout)
     k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 128, k_desc.block_type.shape[1]], k_desc.layout)
     v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 128, v_desc.block_type.shape[1]], v_desc.layout)
@@ -428,9 +449,9 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
     order = (num_items, num_tiles, num_units, num_seqs, tiles_first)
     gl.warp_specialize([
         (_consumer, (0, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
-                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, PINGPONG, WINDOWED)),
+                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, PINGPONG, WINDOWED, stamps_ptr, STAMPS)),
         (_consumer, (1, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
-                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, PINGPONG, WINDOWED)),
+                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, PINGPONG, WINDOWED, stamps_ptr, STAMPS)),
         (_producer, ((q_desc, qpe_desc, k_desc, kpe_desc, v_desc), smem, bars,
                      (q_head_cols, qpe_head_cols, k_head_cols, v_head_cols), problem, order, block_table_ptr,
                      stride_bt_seq, GROUP, BLOCK_SIZE, ROPE, WINDOWED)),
@@ -441,33 +462,40 @@ def options(config, stages):
     """The kernel's options from a caller's config (its hopper_* keys), `stages` where it names none."""
     return {"stages": config.get("hopper_stages", stages), "overlap": config.get("hopper_overlap", OVERLAP),
             "pingpong": config.get("hopper_pingpong", PINGPONG),
-            "persistent": config.get("hopper_persistent", PERSISTENT)}
+            "persistent": config.get("hopper_persistent", PERSISTENT), "stamps": config.get("stamps")}
+
+
+def rounds_of(items, tiles, persistent, device):
+    """(programs, rounds each) of a launch of `items` items of `tiles` query tiles a sequence."""
+    if persistent is None:
+        persistent = tiles * BLOCK_M <= PERSISTENT_UP_TO
+    programs = min(items, sm_count(device)) if persistent else items
+    return programs, -(-items // programs)
 
 
 def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first, group,
-            block_size, rope, stages, overlap, pingpong, persistent, lse=None, window=(0, 0)):
+            block_size, rope, stages, overlap, pingpong, persistent, stamps=None, lse=None, window=(0, 0)):
     """The kernel over prefill_grid's items (its grid and order): one program an item, or with `persistent` one a
     multiprocessor (shared memory holds one) taking items in rounds, the next item's query and first keys loaded
-    under the last one's end."""
+    under the last one's end. stamps: None, or int64 [programs x rounds, len(STAMP_NAMES)] at least (rounds_of)."""
     (q_desc, q_hc), (qpe_desc, qpe_hc), (k_desc, k_hc), (kpe_desc, _), (v_desc, v_hc) = descs
     tiles, units, seqs = grid if tiles_first else (grid[2], grid[0], grid[1])
     items = tiles * units * seqs
-    if persistent is None:
-        persistent = tiles * BLOCK_M <= PERSISTENT_UP_TO
-    programs = min(items, sm_count(out.device)) if persistent else items
+    programs, _ = rounds_of(items, tiles, persistent, out.device)
+    assert stamps is None or stamps.dtype == torch.int64, "config stamps: an int64 tensor"
     _prefill_hopper[(programs,)](
         q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table, cu_seqlens_q, seq_lens, out,
         out if lse is None else lse, qk_scale, block_table.stride(0) if block_table.dim() == 2 else 0,
         out.stride(0), out.stride(1), 0 if lse is None else lse.stride(0), q_hc, qpe_hc, k_hc, v_hc, *window,
-        items, tiles, units, seqs, tiles_first,
+        items, tiles, units, seqs, tiles_first, out if stamps is None else stamps,
         GROUP=group, BLOCK_SIZE=block_size, ROPE=rope, STAGES=stages, OVERLAP=overlap, PINGPONG=pingpong,
-        WINDOWED=lse is not None,
+        WINDOWED=lse is not None, STAMPS=stamps is not None,
         num_warps=CONSUMER_WARPS, maxnreg=MAXNREG)
     return out
 
 
 def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, qk_scale, grid, tiles_first, out,
-                         *, stages=STAGES, overlap=OVERLAP, pingpong=PINGPONG, persistent=PERSISTENT):
+                         *, stages=STAGES, overlap=OVERLAP, pingpong=PINGPONG, persistent=PERSISTENT, stamps=None):
     """prefill.paged_prefill on this kernel (supported() must hold), over prefill.prefill_grid's grid of BLOCK_M-row
     query tiles by query heads by sequences. qk_scale: the softmax scale times log2(e)."""
     block_size = k_cache.shape[1]
@@ -476,12 +504,12 @@ def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_len
     k_desc = _descriptor(_tokens(k_cache), box)
     descs = (q_desc, q_desc, k_desc, k_desc, _descriptor(_tokens(v_cache), box))  # no rope: its slots unused
     return _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first,
-                   q.shape[1] // k_cache.shape[2], block_size, 0, stages, overlap, pingpong, persistent)
+                   q.shape[1] // k_cache.shape[2], block_size, 0, stages, overlap, pingpong, persistent, stamps)
 
 
 def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_scale, grid, tiles_first, out, lse=None,
                        window=(0, 0), *, stages=MLA_STAGES, overlap=OVERLAP, pingpong=PINGPONG,
-                       persistent=PERSISTENT):
+                       persistent=PERSISTENT, stamps=None):
     """mla_mha's decompressed prefill (mla_supported() must hold): q_nope [T, H, 128] and q_pe [T, H, 64] of the new
     tokens, kv [C, H, 256] the context tokens' per-head keys (nope) then values, k_pe [C, 64] their rope keys,
     sequence i's token 0 at row cu_seqlens_k[i]; out [T, H, 128]. With lse [T, H], kv and k_pe hold the packed
@@ -489,4 +517,4 @@ def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_sc
     descs = (_descriptor(q_nope, HALF_M), _descriptor(q_pe, HALF_M), _descriptor(kv[..., :128], BLOCK_N),
              _descriptor(k_pe.unsqueeze(1), BLOCK_N), _descriptor(kv[..., 128:], BLOCK_N))
     return _launch(grid, descs, cu_seqlens_k, cu_seqlens_q, cu_seqlens_k, out, qk_scale, tiles_first, 1, 0,
-                   q_pe.shape[-1], stages, overlap, pingpong, persistent, lse, window)
+                   q_pe.shape[-1], stages, overlap, pingpong, persistent, stamps, lse, window)
