@@ -31,8 +31,8 @@ TRITON = {"hopper": False}
 # The default is persistent up to 8K new tokens (run-5); per_item and persistent force one way.
 VARIANTS = {"hopper": HOPPER, "per_item": {**HOPPER, "hopper_persistent": False},
             "pingpong": {**HOPPER, "hopper_pingpong": True},
-            "stages2": {**HOPPER, "hopper_stages": 2}, "q2": {**HOPPER, "hopper_stages": 2, "hopper_q_buffers": 2}}
-DENSE_ONLY = {"q2"}  # variants the MLA form does not take (its NaN rows: not run)
+            "narrow": {**HOPPER, "hopper_wide_store": False}}
+DENSE_ONLY = set()  # variants the MLA form does not take (its NaN rows: not run)
 # (query heads, KV heads, [(sequence length, new tokens)], cache block size, dtype, tiles_first)
 CHECKS = [
     (28, 4, [(2048, 2048)], 16, torch.bfloat16, None),

@@ -48,6 +48,12 @@ PINGPONG = False
 # Q_BUFFERS 2: two query buffers, the next item's query loaded while this one's last tiles run, not after its last
 # scores (dense only, at 2 stages: 4 x 32 KiB of keys and values and 2 x 32 KiB of queries fill what 3 stages did).
 Q_BUFFERS = 1
+# WIDE_STORE: the output goes from the accumulators to the consumer's query half in shared memory and back in rows,
+# stored 16 bytes a thread, two whole rows a warp's store, where the accumulators' layout stores 4 bytes a thread over 8
+# rows (prefill_timeline run-1: 1.8-2.6 us an item from the last product to the stores issued, of ~3.6 fixed). The
+# query half is then freed after the output, not after the last scores (its next load waits on that). It needs the
+# output's dtype and width to be the query's (the query half holds it): otherwise stored from the accumulators.
+WIDE_STORE = True
 # Time stamps (a diagnostic, off unless a launch passes a buffer: benchmarks/prefill_timeline.py): the first consumer
 # writes, for each of its program's items (row: program x rounds + round), the global timer when it turns to the item,
 # when its query has landed, its first scores are in, its last P x V is done, its output is stored, and the item's
@@ -306,7 +312,8 @@ def _pass_turn(turns, ME: gl.constexpr, PINGPONG: gl.constexpr):
 @gluon.jit
 def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head,
               stride_lse_tok, qk_scale, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, OVERLAP: gl.constexpr,
-              PINGPONG: gl.constexpr, WINDOWED: gl.constexpr, stamps_ptr, STAMPS: gl.constexpr):
+              PINGPONG: gl.constexpr, WINDOWED: gl.constexpr, stamps_ptr, STAMPS: gl.constexpr,
+              WIDE_STORE: gl.constexpr):
     """For each item, rows ME x 64 .. + 63 of its query tile: the online softmax over its key tiles (tile i: the
     sequence's tokens t_base + i x 128 ..), then the output (WINDOWED: with each row's log2-sum-exp, -inf where it saw
     no key). OVERLAP: tile i's scores issued before tile i - 1's P x V, its exponentials computed while that runs; with
@@ -372,7 +379,8 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
                     acc = warpgroup_mma_wait(0, deps=[acc])
                     mbarrier.arrive(v_free.index((c - 1) % STAGES), count=1)
                     acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-                mbarrier.arrive(q_free.index(qb), count=1)  # every score of the item done: its buffer may load
+                if not WIDE_STORE:
+                    mbarrier.arrive(q_free.index(qb), count=1)  # every score of the item done: its buffer may load
                 c = tiles + n_tiles - 1
                 _turn(turns, ME, issues + n_tiles, PINGPONG)
                 acc = _values(acc, p, v_s, v_ready, c, tokens - (n_tiles - 1) * 128, p_regs, ld)
@@ -394,7 +402,8 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
                         acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, c, tokens - i * 128, p_regs,
                                                                   ld)])
                         mbarrier.arrive(v_free.index(c % STAGES), count=1)
-                mbarrier.arrive(q_free.index(qb), count=1)
+                if not WIDE_STORE:
+                    mbarrier.arrive(q_free.index(qb), count=1)
 
             rows = row0 + gl.arange(0, 64, rows_o)
             tok = (q_start + rows).to(gl.int64)
@@ -403,9 +412,22 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
                 gl.store(lse_ptr + tok * stride_lse_tok + head, gl.convert_layout(lse, rows_o), mask=rows < q_len)
                 l = gl.where(l > 0.0, l, 1.0)
             l = gl.convert_layout(l, rows_o)
-            dims = gl.arange(0, V_DIM, gl.SliceLayout(0, o_layout))
+            o = (acc / l[:, None]).to(out_ptr.dtype.element_ty)
+            if WIDE_STORE:  # through this consumer's query half (its scores are done), then stores of 16 bytes
+                mine = q_s.index(q_slot)
+                mine.store(o)
+                gl.thread_barrier()
+                o = mine.load(ld)
+                fence_async_shared()  # these generic reads and writes before the next query's TMA write
+                gl.thread_barrier()  # every warp has read it back: the next query may land there
+                mbarrier.arrive(q_free.index(qb), count=1)
+                rows = row0 + gl.arange(0, 64, gl.SliceLayout(1, ld))
+                tok = (q_start + rows).to(gl.int64)
+                dims = gl.arange(0, V_DIM, gl.SliceLayout(0, ld))
+            else:
+                dims = gl.arange(0, V_DIM, gl.SliceLayout(0, o_layout))
             o_ptrs = out_ptr + tok[:, None] * stride_o_tok + head * stride_o_head + dims[None, :]
-            gl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < q_len)[:, None])
+            gl.store(o_ptrs, o, mask=(rows < q_len)[:, None])
             if STAMP:
                 stamp_gluon(stamps_ptr, stamp_row, 4, STAMP_WIDTH)
                 gl.store(stamps_ptr + stamp_row * STAMP_WIDTH + 5, n_tiles.to(gl.int64))
@@ -421,7 +443,7 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
                     num_items, num_tiles, num_units, num_seqs, tiles_first, stamps_ptr,
                     GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, STAGES: gl.constexpr,
                     OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, WINDOWED: gl.constexpr, STAMPS: gl.constexpr,
-                    Q_BUFFERS: gl.constexpr):
+                    Q_BUFFERS: gl.constexpr, WIDE_STORE: gl.constexpr):
     """Items: (query tile, query head, sequence), num_items of them (_item), taken by the programs in rounds.
     BLOCK_SIZE > 0: keys and values in the paged cache (block_table_ptr), seq_lens_ptr each sequence's length.
     BLOCK_SIZE 0: contiguous keys, seq_lens_ptr the cumulative lengths (sequence i's keys are rows [cu[i], cu[i+1]).
@@ -461,9 +483,9 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
     order = (num_items, num_tiles, num_units, num_seqs, tiles_first)
     gl.warp_specialize([
         (_consumer, (0, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
-                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, PINGPONG, WINDOWED, stamps_ptr, STAMPS)),
+                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, PINGPONG, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE)),
         (_consumer, (1, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
-                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, PINGPONG, WINDOWED, stamps_ptr, STAMPS)),
+                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, PINGPONG, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE)),
         (_producer, ((q_desc, qpe_desc, k_desc, kpe_desc, v_desc), smem, bars,
                      (q_head_cols, qpe_head_cols, k_head_cols, v_head_cols), problem, order, block_table_ptr,
                      stride_bt_seq, GROUP, BLOCK_SIZE, ROPE, WINDOWED)),
@@ -475,7 +497,8 @@ def options(config, stages):
     return {"stages": config.get("hopper_stages", stages), "overlap": config.get("hopper_overlap", OVERLAP),
             "pingpong": config.get("hopper_pingpong", PINGPONG),
             "persistent": config.get("hopper_persistent", PERSISTENT), "stamps": config.get("stamps"),
-            "q_buffers": config.get("hopper_q_buffers", Q_BUFFERS)}
+            "q_buffers": config.get("hopper_q_buffers", Q_BUFFERS),
+            "wide_store": config.get("hopper_wide_store", WIDE_STORE)}
 
 
 def rounds_of(items, tiles, persistent, device):
@@ -487,8 +510,8 @@ def rounds_of(items, tiles, persistent, device):
 
 
 def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first, group,
-            block_size, rope, stages, overlap, pingpong, persistent, stamps=None, q_buffers=1, lse=None,
-            window=(0, 0)):
+            block_size, rope, stages, overlap, pingpong, persistent, stamps=None, q_buffers=1, wide_store=WIDE_STORE,
+            lse=None, window=(0, 0)):
     """The kernel over prefill_grid's items (its grid and order): one program an item, or with `persistent` one a
     multiprocessor (shared memory holds one) taking items in rounds, the next item's query and first keys loaded
     under the last one's end. stamps: None, or int64 [programs x rounds, len(STAMP_NAMES)] at least (rounds_of)."""
@@ -504,13 +527,14 @@ def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, til
         items, tiles, units, seqs, tiles_first, out if stamps is None else stamps,
         GROUP=group, BLOCK_SIZE=block_size, ROPE=rope, STAGES=stages, OVERLAP=overlap, PINGPONG=pingpong,
         WINDOWED=lse is not None, STAMPS=stamps is not None, Q_BUFFERS=q_buffers,
+        WIDE_STORE=wide_store and out.dtype == q_desc.base.dtype and out.shape[-1] == q_desc.block_shape[1],
         num_warps=CONSUMER_WARPS, maxnreg=MAXNREG)
     return out
 
 
 def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, qk_scale, grid, tiles_first, out,
                          *, stages=STAGES, overlap=OVERLAP, pingpong=PINGPONG, persistent=PERSISTENT, stamps=None,
-                         q_buffers=Q_BUFFERS):
+                         q_buffers=Q_BUFFERS, wide_store=WIDE_STORE):
     """prefill.paged_prefill on this kernel (supported() must hold), over prefill.prefill_grid's grid of BLOCK_M-row
     query tiles by query heads by sequences. qk_scale: the softmax scale times log2(e)."""
     block_size = k_cache.shape[1]
@@ -520,12 +544,12 @@ def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_len
     descs = (q_desc, q_desc, k_desc, k_desc, _descriptor(_tokens(v_cache), box))  # no rope: its slots unused
     return _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first,
                    q.shape[1] // k_cache.shape[2], block_size, 0, stages, overlap, pingpong, persistent, stamps,
-                   q_buffers)
+                   q_buffers, wide_store)
 
 
 def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_scale, grid, tiles_first, out, lse=None,
                        window=(0, 0), *, stages=MLA_STAGES, overlap=OVERLAP, pingpong=PINGPONG,
-                       persistent=PERSISTENT, stamps=None, q_buffers=Q_BUFFERS):
+                       persistent=PERSISTENT, stamps=None, q_buffers=Q_BUFFERS, wide_store=WIDE_STORE):
     """mla_mha's decompressed prefill (mla_supported() must hold): q_nope [T, H, 128] and q_pe [T, H, 64] of the new
     tokens, kv [C, H, 256] the context tokens' per-head keys (nope) then values, k_pe [C, 64] their rope keys,
     sequence i's token 0 at row cu_seqlens_k[i]; out [T, H, 128]. With lse [T, H], kv and k_pe hold the packed
@@ -536,4 +560,4 @@ def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_sc
     descs = (_descriptor(q_nope, HALF_M), _descriptor(q_pe, HALF_M), _descriptor(kv[..., :128], BLOCK_N),
              _descriptor(k_pe.unsqueeze(1), BLOCK_N), _descriptor(kv[..., 128:], BLOCK_N))
     return _launch(grid, descs, cu_seqlens_k, cu_seqlens_q, cu_seqlens_k, out, qk_scale, tiles_first, 1, 0,
-                   q_pe.shape[-1], stages, overlap, pingpong, persistent, stamps, q_buffers, lse, window)
+                   q_pe.shape[-1], stages, overlap, pingpong, persistent, stamps, q_buffers, wide_store, lse, window)
