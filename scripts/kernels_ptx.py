@@ -147,9 +147,9 @@ def launches() -> dict[str, tuple]:
         "prefill gqa 8/2, Hopper (Gluon, warp-specialized)": lambda: prefill_hopper.paged_prefill_hopper(
             torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens, 0.1, (1, 8, 3), 0,
             torch.empty(14, 8, 128, dtype=bf16)),
-        "prefill gqa 8/2, Hopper, ping-pong consumers, time stamps": lambda: prefill_hopper.paged_prefill_hopper(
+        "prefill gqa 8/2, Hopper, time stamps": lambda: prefill_hopper.paged_prefill_hopper(
             torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens, 0.1, (1, 8, 3), 0,
-            torch.empty(14, 8, 128, dtype=bf16), pingpong=True, stamps=torch.zeros(24, 6, dtype=torch.int64)),
+            torch.empty(14, 8, 128, dtype=bf16), stamps=torch.zeros(24, 6, dtype=torch.int64)),
         "mla prefill decompressed, Hopper (Gluon, warp-specialized), the stack's q views": lambda: (
             lambda q: prefill_hopper.mla_prefill_hopper(
                 q[..., :128], q[..., 128:], torch.randn(40, 16, 256, dtype=bf16), latent.view(-1, 576)[:40, 512:],
