@@ -11,7 +11,6 @@ past the median one (the tail). What is left of the layer (the layer's time less
 partials and the gaps between kernels. A short table last; JSON and log to --out.
 """
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.kernels_h200 import (DECODE, GRID, H200_COPY_BPS, H200_MM_FLOPS, MLA_DECODE, Cell,  # noqa: E402
                                      attention_flops, bench_graph, cell_layers, decode_cell, floor_ms,
                                      mla_decode_cell, traffic_bytes)
+from benchmarks import timeline_report  # noqa: E402
 from kernels import stamps  # noqa: E402
 
 MAX_PROGRAMS = 132 * 32  # rows of the stamps buffer: more than any grid of these kernels
@@ -91,7 +91,7 @@ def run_case(name, c, gen):
 
 
 COLUMNS = [  # key, heading, width, format
-    ("case", "case", 15, ""), ("floor_us", "floor", 6, ".1f"), ("layer_off_us", "layer", 7, ".1f"),
+    ("case", "case", 15, "<"), ("floor_us", "floor", 6, ".1f"), ("layer_off_us", "layer", 7, ".1f"),
     ("layer_on_us", "stamped", 7, ".1f"), ("span_us", "kernel", 7, ".1f"), ("launch_max_us", "launch", 6, ".1f"),
     ("wait_p50_us", "wait", 5, ".1f"), ("setup_p50_us", "setup", 5, ".1f"), ("first_done_us", "1st", 6, ".1f"),
     ("work_p50_us", "work", 7, ".1f"), ("us_per_tile", "/tile", 5, ".2f"), ("tail_us", "tail", 5, ".1f"),
@@ -99,18 +99,14 @@ COLUMNS = [  # key, heading, width, format
 ]
 
 
+LEGEND = ("us per layer; kernel: first program started -> last done; launch: the last program's start after the "
+          "first; wait, setup, work: medians (past griddepcontrol.wait; range known; its tiles and stores); 1st: "
+          "the first program done; tail: the last done after the median; rest: the layer less the kernel (the "
+          "merge, the gaps)")
+
+
 def table(rows):
-    lines = ["us per layer; kernel: first program started -> last done; launch: the last program's start after the "
-             "first; wait, setup, work: medians (past griddepcontrol.wait; range known; its tiles and stores); 1st: "
-             "the first program done; tail: the last done after the median; rest: the layer less the kernel "
-             "(the merge, the gaps)",
-             " ".join(f"{h:<{w}}" if k == "case" else f"{h:>{w}}" for k, h, w, _ in COLUMNS)]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"{r['case']:<15} failed: {r['error']}")
-            continue
-        lines.append(" ".join(f"{r[k]:<{w}}" if k == "case" else f"{r[k]:>{w}{f}}" for k, _, w, f in COLUMNS))
-    return "\n".join(lines)
+    return timeline_report.table(rows, COLUMNS, LEGEND)
 
 
 def main() -> int:
@@ -124,20 +120,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU: the stamps are the GPU's global timer")
     gen = torch.Generator().manual_seed(0)
-    rows = []
-    for name in args.cases or CASES:
-        try:
-            rows.append(run_case(name, CASES[name], gen))
-        except Exception as e:  # noqa: BLE001 - one failing case leaves the others' rows standing
-            rows.append({"case": name, "error": repr(e)[:300]})
-        print(json.dumps(rows[-1]), flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    report = table(rows)
-    with open(os.path.join(args.out, "decode_timeline.json"), "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
-    with open(os.path.join(args.out, "decode_timeline.log"), "w") as f:
-        f.write("\n".join(json.dumps(r) for r in rows) + "\n\n" + report + "\n")
-    print("\n" + report)
+    rows = timeline_report.collect([({"case": name}, lambda name=name: run_case(name, CASES[name], gen))
+                                    for name in args.cases or CASES])
+    timeline_report.write(args.out, "decode_timeline", rows, table(rows))
     return 0
 
 

@@ -11,7 +11,6 @@ tile (last product less first scores, over the tiles after the first), and the o
 items' fixed time. A short table last; JSON and log to --out.
 """
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kernels_h200 as grid  # noqa: E402
 from prefill_hopper_h200 import VARIANTS, cell  # noqa: E402
+import timeline_report  # noqa: E402
 from kernels import prefill_hopper  # noqa: E402
 
 CELLS = ["1x2K", "8x2K", "1x8K", "mla16h4K"]
@@ -76,7 +76,7 @@ def run_cell(name, variant, gen):
 
 
 COLUMNS = [  # key, heading, width, format
-    ("cell", "cell", 9, ""), ("variant", "variant", 17, ""), ("floor_us", "floor", 6, ".1f"),
+    ("cell", "cell", 9, "<"), ("variant", "variant", 17, "<"), ("floor_us", "floor", 6, ".1f"),
     ("off_us", "call", 7, ".1f"), ("on_us", "stamped", 7, ".1f"), ("span_us", "kernel", 7, ".1f"),
     ("items", "items", 5, ""), ("query_wait_us", "query", 5, ".2f"), ("first_tile_us", "tile1", 5, ".2f"),
     ("per_tile_us", "/tile", 5, ".2f"), ("store_us", "store", 5, ".2f"), ("item_fixed_us", "fixed", 5, ".2f"),
@@ -86,18 +86,14 @@ COLUMNS = [  # key, heading, width, format
 ]
 
 
+LEGEND = ("us; call: graph replay, stamps off; kernel: first item turned to last stored; query, tile1, /tile, "
+          "store: medians per item (the query's wait, the first key tile, each later tile, the output); fixed: an "
+          "item's time less its later tiles at /tile; b.*: the program with the most tiles: its items, its later "
+          "tiles at /tile, its items' fixed time, its last item stored; tail: the last item stored after the median")
+
+
 def table(rows):
-    lines = ["us; call: graph replay, stamps off; kernel: first item turned to last stored; query, tile1, /tile, "
-             "store: medians per item (the query's wait, the first key tile, each later tile, the output); fixed: an "
-             "item's time less its later tiles at /tile; b.*: the program with the most tiles: its items, its later "
-             "tiles at /tile, its items' fixed time, its last item stored; tail: the last item stored after the median",
-             " ".join(f"{h:<{w}}" if f == "" else f"{h:>{w}}" for k, h, w, f in COLUMNS)]
-    for r in rows:
-        if "error" in r:
-            lines.append(f"{r['cell']:<9} {r['variant']:<17} failed: {r['error']}")
-            continue
-        lines.append(" ".join(f"{r[k]:<{w}}" if f == "" else f"{r[k]:>{w}{f}}" for k, _, w, f in COLUMNS))
-    return "\n".join(lines)
+    return timeline_report.table(rows, COLUMNS, LEGEND)
 
 
 def main() -> int:
@@ -114,21 +110,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU: the stamps are the GPU's global timer")
     gen = torch.Generator().manual_seed(0)
-    rows = []
-    for name in args.cells or CELLS:
-        for variant in args.variants:
-            try:
-                rows.append(run_cell(name, variant, gen))
-            except Exception as e:  # noqa: BLE001 - one failing cell leaves the others' rows standing
-                rows.append({"cell": name, "variant": variant, "error": repr(e)[:300]})
-            print(json.dumps(rows[-1]), flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    report = table(rows)
-    with open(os.path.join(args.out, "prefill_timeline.json"), "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
-    with open(os.path.join(args.out, "prefill_timeline.log"), "w") as f:
-        f.write("\n".join(json.dumps(r) for r in rows) + "\n\n" + report + "\n")
-    print("\n" + report)
+    rows = timeline_report.collect([({"cell": name, "variant": variant},
+                                     lambda name=name, variant=variant: run_cell(name, variant, gen))
+                                    for name in args.cells or CELLS for variant in args.variants])
+    timeline_report.write(args.out, "prefill_timeline", rows, table(rows))
     return 0
 
 
