@@ -5,18 +5,22 @@ stays as the simpler kernel it replaced.
 kernels/mla_hopper.py splits each tile's scores between its two warpgroups at n32 (the query re-read from shared
 memory for every 32 keys) and overlaps nothing with the tensor cores (ncu: 42% busy; kernels_h200_2026-12-02_notes.md,
 "Next: the seesaw"). Here two 4-warp partitions (gl.warp_specialize) each own every other 64-token tile of a segment:
-partition 0 the even tiles in buffer 0, partition 1 the odd ones in buffer 1. Each loads its own tiles (cp.async,
-arriving on the buffer's `ready` mbarrier as the copies land), scores them at n64, and keeps 256 of the 512 output
-columns (0 the first half, 1 the second). Per pair of tiles (A even, B odd):
+partition 0 the even tiles in buffer 0, partition 1 the odd ones in buffer 1. Each scores its own tiles at n64 and
+keeps 256 of the 512 output columns (0 the first half, 1 the second). Per pair of tiles (A even, B odd):
   0: S_A, m_A = max(m, rowmax S_A), P_A -> A's rope slot, m_A -> shared; arrive pa.  O_L = O_L a_A + P_A V_A[L].
   1: S_B; wait pa; m_B = max(m_A, rowmax S_B), P_B -> B's rope slot, m_B -> shared; arrive pb.
      O_R = (O_R a_A + P_A V_A[R]) a_B + P_B V_B[R].
   0: wait pb; O_L = O_L a_B + P_B V_B[L].
-Each partition arrives on a buffer's `free` as soon as its P x V with it is done; partition 0 issues its next tile's
-copies while P_B x V_B runs, partition 1 once both are done with B.
+Loads by halves, FlashMLA's way (cp.async, arriving on ready[buffer, half] as the copies land): each partition loads
+its own half of the latent columns of every tile, and the rope keys of the other partition's tiles, each the moment
+it is done with that half of the buffer's last tile. Partition 0 reads only the left half of B and P_B (B's rope
+slot), partition 1 only the right half of A and P_A, so every part has one last reader, which reloads it: no `free`
+barrier, and A's left half is reloaded as soon as O_L += P_A V_A[L] is done (at one load a whole tile, once both
+partitions were done with it, the copies' latency was 0.6 of a tile's 2.5 us at 128 heads x 256 sequences of 4K:
+mla_hopper_h200_2026-12-03_*_diag-loads). The scores start on a tile's own half while the other half lands.
 Row sums: each partition its own tiles', in the same frame; added through shared memory at a segment's end, in slots
-by the segment's parity. The query is loaded by partition 0 once partition 1 has scored its last tile of the previous
-segment (q_free). scripts/seesaw_protocol_check.py model-checks these waits and arrivals on the CPU.
+by the segment's parity. That exchange is also where a segment ends for both: the next one's query and first tiles
+load after it. scripts/seesaw_protocol_check.py model-checks these waits and arrivals on the CPU.
 Same tile line, ranges and partials as kernels/mla.py's _mla_decode, merged by work_split.combine_cut_units.
 Measured (mla_hopper_h200_2026-12-02_*_run-9): 1.02-1.21x faster than mla_hopper, b256 x 4K at 1.44x of the floor.
 ncu (decode_ncu_2026-12-02_*_seesaw-*): the waits for a tile's copies are the largest stall; one tile in flight a
@@ -29,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .mla_hopper import _load_tile, _program_range, _segment, _store_segment, _tile_blocks, launch, stamp_gluon
+from .mla_hopper import _program_range, _segment, _store_segment, _tile_blocks, launch, stamp_gluon
 from .work_split import RUN_TIME_INTS
 
 PART_WARPS, WORKER_REGS = 4, 240
@@ -38,20 +42,41 @@ WORKER_REGS_C = gl.constexpr(WORKER_REGS)
 
 
 @gluon.jit
-def _own_tile(ME: gl.constexpr, i, k_lat_s, k_pe_s, ready, free, fills, cache_ptr, bt_row, start, end,
-              stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr):
-    """Load tile i (this partition's) into buffer ME once both partitions are done with its last tile; the copies
-    arrive on `ready` as they land. Returns the buffer's fills so far."""
+def _load_half(k_lat_s, k_pe_s, BUF: gl.constexpr, HALF_IDX: gl.constexpr, ready, cache_ptr, bt_row, t0, end,
+               stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr):
+    """Half HALF_IDX (256 latent columns) of the tile at token t0 into buffer BUF, with the tile's rope keys where the
+    buffer is the other partition's (BUF != HALF_IDX); the copies arrive on `ready` as they land, rows past `end`
+    zero-filled."""
+    HALF: gl.constexpr = RANK // 2
     toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
-    lat_cols = gl.arange(0, RANK, gl.SliceLayout(0, ld))
-    pe_cols = gl.arange(0, 64, gl.SliceLayout(0, ld))
-    if fills > 0:
-        mbarrier.wait(free, (fills - 1) & 1)
-    t0 = start + i * 64
-    _load_tile(k_lat_s.index(ME), k_pe_s.index(ME), cache_ptr, _tile_blocks(bt_row, t0, end, toks, BLOCK_SIZE), t0,
-               end, stride_c_block, stride_c_tok, toks, lat_cols, pe_cols, RANK, BLOCK_SIZE)
+    tok = t0 + toks
+    valid = (tok < end)[:, None]
+    row = cache_ptr + _tile_blocks(bt_row, t0, end, toks, BLOCK_SIZE) * stride_c_block + (tok % BLOCK_SIZE) * stride_c_tok
+    cols = HALF_IDX * HALF + gl.arange(0, HALF, gl.SliceLayout(0, ld))
+    cp.async_copy_global_to_shared(k_lat_s.index(BUF).slice(HALF_IDX * HALF, HALF, dim=1), row[:, None] + cols[None, :],
+                                   mask=valid)
+    if BUF != HALF_IDX:
+        pe_cols = RANK + gl.arange(0, 64, gl.SliceLayout(0, ld))
+        cp.async_copy_global_to_shared(k_pe_s.index(BUF), row[:, None] + pe_cols[None, :], mask=valid)
     cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
-    return fills + 1
+
+
+@gluon.jit
+def _scores(ME: gl.constexpr, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, phase, HALF: gl.constexpr,
+            s_layout: gl.constexpr):
+    """This partition's tile (buffer ME) against the query: its own half first, as soon as its copies land, then
+    the other half and the rope keys, which the other partition loads. z: 0, not provably (see the loop)."""
+    mbarrier.wait(ready.index(3 * ME), phase)  # buffer ME, half ME
+    fence_async_shared()  # the copies' data, for the async proxy (wgmma)
+    s = warpgroup_mma(q_lat_s.index(z).slice(ME * HALF, HALF, dim=1),
+                      k_lat_s.index(ME + z).slice(ME * HALF, HALF, dim=1).permute((1, 0)),
+                      gl.zeros([64, 64], gl.float32, s_layout), is_async=True)
+    mbarrier.wait(ready.index(ME + 1), phase)  # buffer ME, half 1 - ME and the rope keys
+    fence_async_shared()
+    s = warpgroup_mma(q_lat_s.index(z).slice((1 - ME) * HALF, HALF, dim=1),
+                      k_lat_s.index(ME + z).slice((1 - ME) * HALF, HALF, dim=1).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(0, deps=[warpgroup_mma(q_pe_s.index(z), k_pe_s.index(ME + z).permute((1, 0)), s,
+                                                     is_async=True)])
 
 
 @gluon.jit
@@ -93,7 +118,7 @@ def _seesaw_partition(
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     q_lat_s, q_pe_s, k_lat_s, k_pe_s, m_s, l_s = smem
-    q_ready, q_free, ready, free, pa, pb, l_ready = bars
+    q_ready, ready, pa, pb, l_ready = bars
     STAMP: gl.constexpr = STAMPS and ME == 0  # kernels/stamps.py, by partition 0
     if STAMP:
         stamp_gluon(stamps_ptr, gl.program_id(0), 0)
@@ -115,7 +140,7 @@ def _seesaw_partition(
 
     # Every count below follows the same schedule in both partitions, so each knows every mbarrier's phase.
     segments = 0
-    fills_0 = 0  # loads into buffer 0 so far (partition 0's tiles), and into buffer 1
+    fills_0 = 0  # tiles loaded into buffer 0 so far (partition 0's), and into buffer 1
     fills_1 = 0
     pairs_a = 0  # arrivals on pa, on pb so far
     pairs_b = 0
@@ -123,25 +148,21 @@ def _seesaw_partition(
     while x < last:
         seq, n, t_first, count, seg_end, start, end = _segment(x, last, seqs, lens, tiles, ends, 64)
         bt_row = block_table_ptr + seq * stride_bt_seq
-
+        # Both partitions are done with the last segment (the row sums' exchange below): the query and both buffers
+        # are free. Each loads its half of the first two tiles, with the rope keys of the other partition's.
         if ME == 0:
-            if segments > 0:
-                mbarrier.wait(q_free, (segments - 1) & 1)  # partition 1 has scored its last tile with the old query
             cp.async_copy_global_to_shared(q_lat_s.index(0), q_latent_ptr + seq * stride_ql_seq
                                            + q_heads[:, None] * stride_ql_head + lat_cols[None, :], mask=q_rows)
             cp.async_copy_global_to_shared(q_pe_s.index(0), q_pe_ptr + seq * stride_qp_seq
                                            + q_heads[:, None] * stride_qp_head + pe_cols[None, :], mask=q_rows)
             cp.mbarrier_arrive(q_ready, increment_count=False)
-            fills_0 = _own_tile(0, 0, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0, cache_ptr, bt_row,
-                                start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
-        else:
-            fills_0 += 1  # partition 0's load of tile 0, counted here too
-            if count > 1:
-                fills_1 = _own_tile(1, 1, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1, cache_ptr, bt_row,
-                                    start, end, stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
-        if ME == 0:
-            if count > 1:
-                fills_1 += 1
+        _load_half(k_lat_s, k_pe_s, 0, ME, ready.index(ME), cache_ptr, bt_row, start, end, stride_c_block,
+                   stride_c_tok, RANK, BLOCK_SIZE, ld)
+        fills_0 += 1
+        if count > 1:
+            _load_half(k_lat_s, k_pe_s, 1, ME, ready.index(2 + ME), cache_ptr, bt_row, start + 64, end,
+                       stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+            fills_1 += 1
         mbarrier.wait(q_ready, segments & 1)
 
         m = gl.full([HEADS], float("-inf"), gl.float32, rows_s)
@@ -149,61 +170,43 @@ def _seesaw_partition(
         acc = gl.zeros([HEADS, HALF], gl.float32, o_layout)
         for k in range(0, (count + 1) // 2):
             has_b = 2 * k + 1 < count
+            a_next = start + (2 * k + 2) * 64  # the tiles after this pair, in the same buffers
+            b_next = a_next + 64
             # z: 0, but not provably: the scores' 72 wgmma descriptors (64-bit) are then made at each pair, not
-            # hoisted out of the loop and held (ptxas: 255 registers, 45 local loads a pair). The scores are written
-            # out, not mla_hopper._scores: its arguments make both views first, which moves the descriptors' math.
+            # hoisted out of the loop and held (ptxas: 255 registers, 45 local loads a pair).
             z = k >> 30
-            q_lat = q_lat_s.index(z)
-            q_pe = q_pe_s.index(z)
             if ME == 0:
-                mbarrier.wait(ready.index(0), (fills_0 - 1) & 1)
-                fence_async_shared()  # the copies' data, for the async proxy (wgmma)
-                s = warpgroup_mma(q_lat, k_lat_s.index(z).permute((1, 0)),
-                                  gl.zeros([HEADS, 64], gl.float32, s_layout), is_async=True)
-                s = warpgroup_mma_wait(0, deps=[warpgroup_mma(q_pe, k_pe_s.index(z).permute((1, 0)), s,
-                                                              is_async=True)])
+                s = _scores(0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_0 - 1) & 1, HALF, s_layout)
                 s = gl.where(((start + 2 * k * 64 + s_cols) < end)[None, :], s * qk_scale, float("-inf"))
                 m_a, alpha_a, l, p16 = _publish_p(s, m, l, m_s.index(0), k_pe_s.index(0), pa)
                 acc = acc * gl.convert_layout(alpha_a, rows_o)[:, None]
-                pv = warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc,
+                                                                is_async=True)])
                 m = m_a
+                if 2 * k + 2 < count:  # done with A's left half: the next A's, while partition 1 scores B
+                    _load_half(k_lat_s, k_pe_s, 0, 0, ready.index(0), cache_ptr, bt_row, a_next, end,
+                               stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
                 if has_b:
                     mbarrier.wait(pb, pairs_b & 1)
-                    mbarrier.wait(ready.index(1), (fills_1 - 1) & 1)  # B's latent
+                    mbarrier.wait(ready.index(2), (fills_1 - 1) & 1)  # B's left half, this partition's copies
                     fence_async_shared()
                     m_b = m_s.index(1).load(rows_s)
                     alpha_b = gl.exp2(m - m_b)
-                    acc = warpgroup_mma_wait(0, deps=[pv]) * gl.convert_layout(alpha_b, rows_o)[:, None]
-                    mbarrier.arrive(free.index(0), count=1)  # done with A: its next tile may load
-                    pv = warpgroup_mma(k_pe_s.index(1), v_other, acc, is_async=True)
-                    if 2 * k + 2 < count:  # the next A's copies issued while P_B x V_B runs
-                        fills_0 = _own_tile(0, 2 * k + 2, k_lat_s, k_pe_s, ready.index(0), free.index(0), fills_0,
-                                            cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
-                                            BLOCK_SIZE, ld)
-                    acc = warpgroup_mma_wait(0, deps=[pv])
-                    mbarrier.arrive(free.index(1), count=1)
+                    acc = acc * gl.convert_layout(alpha_b, rows_o)[:, None]
+                    acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_pe_s.index(1), v_other, acc, is_async=True)])
+                    if 2 * k + 3 < count:  # done with B's left half and P_B: the next B's, with its rope keys
+                        _load_half(k_lat_s, k_pe_s, 1, 0, ready.index(2), cache_ptr, bt_row, b_next, end,
+                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
                     l = l * alpha_b
                     m = m_b
-                else:
-                    acc = warpgroup_mma_wait(0, deps=[pv])
-                    mbarrier.arrive(free.index(0), count=1)
-                if 2 * k + 3 < count:
-                    fills_1 += 1  # partition 1's load of the next B, counted here too
             else:
                 s = gl.zeros([HEADS, 64], gl.float32, s_layout)
                 if has_b:
-                    mbarrier.wait(ready.index(1), (fills_1 - 1) & 1)
-                    fence_async_shared()
-                    s = warpgroup_mma(q_lat, k_lat_s.index(1 + z).permute((1, 0)),
-                                      gl.zeros([HEADS, 64], gl.float32, s_layout), is_async=True)
-                    s = warpgroup_mma_wait(0, deps=[warpgroup_mma(q_pe, k_pe_s.index(1 + z).permute((1, 0)), s,
-                                                                  is_async=True)])
-                    if 2 * k + 3 >= count:
-                        mbarrier.arrive(q_free, count=1)  # its last scores of the segment: the query may go
+                    s = _scores(1, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_1 - 1) & 1, HALF, s_layout)
                 mbarrier.wait(pa, pairs_a & 1)
                 m_a = m_s.index(0).load(rows_s)
                 alpha_a = gl.exp2(m - m_a)
-                mbarrier.wait(ready.index(0), (fills_0 - 1) & 1)  # A's latent, for its P x V
+                mbarrier.wait(ready.index(1), (fills_0 - 1) & 1)  # A's right half, this partition's copies
                 fence_async_shared()
                 acc = acc * gl.convert_layout(alpha_a, rows_o)[:, None]
                 pv = warpgroup_mma(k_pe_s.index(0), v_other, acc, is_async=True)
@@ -213,22 +216,21 @@ def _seesaw_partition(
                     s = gl.where(((start + (2 * k + 1) * 64 + s_cols) < end)[None, :], s * qk_scale, float("-inf"))
                     m_b, alpha_b, l, p16 = _publish_p(s, m, l, m_s.index(1), k_pe_s.index(1), pb)
                     acc = warpgroup_mma_wait(0, deps=[pv]) * gl.convert_layout(alpha_b, rows_o)[:, None]
-                    mbarrier.arrive(free.index(0), count=1)  # done with A
-                    acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc,
-                                                                    is_async=True)])
-                    mbarrier.arrive(free.index(1), count=1)
-                    if 2 * k + 3 < count:  # its next B, once partition 0 is done with this one
-                        fills_1 = _own_tile(1, 2 * k + 3, k_lat_s, k_pe_s, ready.index(1), free.index(1), fills_1,
-                                            cache_ptr, bt_row, start, end, stride_c_block, stride_c_tok, RANK,
-                                            BLOCK_SIZE, ld)
+                    pv = warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc, is_async=True)
+                    if 2 * k + 2 < count:  # done with A's right half and P_A: the next A's, while P_B x V_B runs
+                        _load_half(k_lat_s, k_pe_s, 0, 1, ready.index(1), cache_ptr, bt_row, a_next, end,
+                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+                    acc = warpgroup_mma_wait(0, deps=[pv])
+                    if 2 * k + 3 < count:  # done with B's right half
+                        _load_half(k_lat_s, k_pe_s, 1, 1, ready.index(3), cache_ptr, bt_row, b_next, end,
+                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
                     m = m_b
                 else:
                     acc = warpgroup_mma_wait(0, deps=[pv])
-                    mbarrier.arrive(free.index(0), count=1)
-                    if count == 1:
-                        mbarrier.arrive(q_free, count=1)  # one tile: none of its own to score
-                if 2 * k + 2 < count:
-                    fills_0 += 1  # partition 0's load of the next A, counted here too
+            if 2 * k + 2 < count:
+                fills_0 += 1
+            if 2 * k + 3 < count:
+                fills_1 += 1
             pairs_a += 1
             if has_b:
                 pairs_b += 1
@@ -270,23 +272,18 @@ def _mla_decode_seesaw(
     m_s = gl.allocate_shared_memory(gl.float32, [2, 64], flat)  # m after tile A, after tile B
     l_s = gl.allocate_shared_memory(gl.float32, [4, 64], flat)  # [segment parity][partition]
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # [buffer * 2 + half]
     pa = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     pb = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     l_ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=32 * PART_WARPS_C)  # cp.async arrivals: every thread of partition 0
-    mbarrier.init(q_free, count=1)
-    for b in gl.static_range(2):
-        mbarrier.init(ready.index(b), count=32 * PART_WARPS_C)
-        mbarrier.init(free.index(b), count=2)  # both partitions
     for b in gl.static_range(4):
+        mbarrier.init(ready.index(b), count=32 * PART_WARPS_C)  # half h: every thread of partition h
         mbarrier.init(l_ready.index(b), count=1)
     mbarrier.init(pa, count=1)
     mbarrier.init(pb, count=1)
     smem = (q_lat_s, q_pe_s, k_lat_s, k_pe_s, m_s, l_s)
-    bars = (q_ready, q_free, ready, free, pa, pb, l_ready)
+    bars = (q_ready, ready, pa, pb, l_ready)
     # the argument tuples written out: a tuple built by `+` passes its constexprs on as plain values
     gl.warp_specialize([
         (_seesaw_partition, (0, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,

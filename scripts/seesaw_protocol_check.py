@@ -39,8 +39,9 @@ class Barrier:
 
 
 class Slot:
-    """Shared data: written by one side, read by the other; a write while a read of the last value is pending fails.
-    A message (m, l) must also be read by the other side before its next write."""
+    """Shared data: written by one side, read by the other; a write while a read of the last value is pending fails,
+    and so does a read of another version than the reader means. A message (m, l) must also be read by the other side
+    before its next write."""
 
     def __init__(self, name, message=False):
         self.name, self.version, self.readers, self.message, self.unread = name, 0, set(), message, False
@@ -51,7 +52,9 @@ class Slot:
         self.version += 1
         self.unread = self.message
 
-    def begin_read(self, who):
+    def begin_read(self, who, version=None):
+        assert version is None or self.version == version, f"{self.name}: {who} read version {self.version}, " \
+                                                           f"meant {version}"
         self.readers.add(who)
         self.unread = False
 
@@ -64,93 +67,75 @@ def jitter(most=1e-4):
 
 
 def partition(me, counts, b, s):
-    """The kernel's _seesaw_partition, its waits, arrivals and shared-memory accesses only."""
-    fills = [0, 0]  # loads into buffer 0 (partition 0's tiles) and buffer 1 so far
+    """The kernel's _seesaw_partition, its waits, arrivals and shared-memory accesses only. Buffer 0 holds the even
+    tiles (partition 0's), buffer 1 the odd ones; lat{buffer}{half} is half of a tile's latent columns, rope{buffer}
+    its rope keys, then its P."""
+    fills = [0, 0]  # tiles loaded into buffer 0 and buffer 1 so far
     pairs_a = pairs_b = segments = 0
     for count in counts:
         if me == 0:
-            if segments > 0:
-                b["q_free"].wait((segments - 1) & 1, segments)
             s["q"].write(me)
             b["q_ready"].arrive()
-            fills[0] = own_tile(0, b, s, fills[0])
-        else:
-            fills[0] += 1
-            if count > 1:
-                fills[1] = own_tile(1, b, s, fills[1])
-        if me == 0 and count > 1:
+        load_half(me, 0, b, s)
+        fills[0] += 1
+        if count > 1:
+            load_half(me, 1, b, s)
             fills[1] += 1
         b["q_ready"].wait(segments & 1, segments + 1)
         for k in range((count + 1) // 2):
             has_b = 2 * k + 1 < count
             jitter()
             if me == 0:
-                b["ready0"].wait((fills[0] - 1) & 1, fills[0])
-                s["q"].begin_read(me)
-                s["buf0"].begin_read(me)  # A's scores, then its P x V (left half)
-                jitter()
-                s["q"].end_read(me)
+                scores(0, b, s, fills[0])
+                s["rope0"].write(me)  # P_A
                 s["m0"].write(me)
-                s["p0"].write(me)
                 b["pa"].arrive()
-                jitter()
+                jitter()  # O_L += P_A V_A[L], P from registers
+                s["lat00"].end_read(me)
+                if 2 * k + 2 < count:
+                    load_half(0, 0, b, s)
                 if has_b:
                     b["pb"].wait(pairs_b & 1, pairs_b + 1)
-                    b["ready1"].wait((fills[1] - 1) & 1, fills[1])
+                    b["ready10"].wait((fills[1] - 1) & 1, fills[1])
                     s["m1"].begin_read(me)
                     s["m1"].end_read(me)
-                    s["buf0"].end_read(me)  # A's P x V done
-                    b["free0"].arrive()
-                    s["buf1"].begin_read(me)  # B's P x V (left half): its latent and P
-                    s["p1"].begin_read(me)
-                    if 2 * k + 2 < count:
-                        fills[0] = own_tile(0, b, s, fills[0])  # the next A, while P_B x V_B runs
+                    s["lat10"].begin_read(me, fills[1])  # O_L += P_B V_B[L]
+                    s["rope1"].begin_read(me, 2 * fills[1])
                     jitter()
-                    s["buf1"].end_read(me)
-                    s["p1"].end_read(me)
-                    b["free1"].arrive()
-                else:
-                    s["buf0"].end_read(me)
-                    b["free0"].arrive()
-                if 2 * k + 3 < count:
-                    fills[1] += 1
+                    s["lat10"].end_read(me)
+                    s["rope1"].end_read(me)
+                    if 2 * k + 3 < count:
+                        load_half(0, 1, b, s)
             else:
                 if has_b:
-                    b["ready1"].wait((fills[1] - 1) & 1, fills[1])
-                    s["q"].begin_read(me)
-                    s["buf1"].begin_read(me)  # B's scores, then its P x V (right half)
-                    jitter()
-                    s["q"].end_read(me)
-                    if 2 * k + 3 >= count:
-                        b["q_free"].arrive()
+                    scores(1, b, s, fills[1])
                 b["pa"].wait(pairs_a & 1, pairs_a + 1)
                 s["m0"].begin_read(me)
                 s["m0"].end_read(me)
-                b["ready0"].wait((fills[0] - 1) & 1, fills[0])
-                s["buf0"].begin_read(me)  # A's P x V (right half): its latent and P
-                s["p0"].begin_read(me)
+                b["ready01"].wait((fills[0] - 1) & 1, fills[0])
+                s["lat01"].begin_read(me, fills[0])  # O_R += P_A V_A[R]
+                s["rope0"].begin_read(me, 2 * fills[0])
                 jitter()
                 if has_b:
+                    s["rope1"].write(me)  # P_B
                     s["m1"].write(me)
-                    s["p1"].write(me)
                     b["pb"].arrive()
                     jitter()
-                    s["buf0"].end_read(me)
-                    s["p0"].end_read(me)
-                    b["free0"].arrive()
+                    s["lat01"].end_read(me)
+                    s["rope0"].end_read(me)
+                    if 2 * k + 2 < count:
+                        load_half(1, 0, b, s)  # while O_R += P_B V_B[R] runs, P from registers
                     jitter()
-                    s["buf1"].end_read(me)
-                    b["free1"].arrive()
+                    s["lat11"].end_read(me)
                     if 2 * k + 3 < count:
-                        fills[1] = own_tile(1, b, s, fills[1])
+                        load_half(1, 1, b, s)
                 else:
-                    s["buf0"].end_read(me)
-                    s["p0"].end_read(me)
-                    b["free0"].arrive()
-                    if count == 1:
-                        b["q_free"].arrive()
-                if 2 * k + 2 < count:
-                    fills[0] += 1
+                    s["lat01"].end_read(me)
+                    s["rope0"].end_read(me)
+            if 2 * k + 2 < count:
+                fills[0] += 1
+            if 2 * k + 3 < count:
+                fills[1] += 1
             pairs_a += 1
             pairs_b += has_b
         par = segments & 1  # l and l_ready by the segment's parity: a partition may end its next segment first
@@ -163,22 +148,36 @@ def partition(me, counts, b, s):
         segments += 1
 
 
-def own_tile(me, b, s, fills):
-    """A tile into buffer `me` (its latent and rope, where P goes later) once both partitions are done with it."""
-    if fills > 0:
-        b[f"free{me}"].wait((fills - 1) & 1, fills)
-    s[f"buf{me}"].write(me)
-    s[f"p{me}"].write(me)
-    b[f"ready{me}"].arrive()  # the copies landing (one arrival here for the partition's 128)
-    return fills + 1
+def load_half(me, buf, b, s):
+    """Partition me's half of a tile's latent into buffer `buf`, with the tile's rope keys where the buffer is the
+    other partition's."""
+    s[f"lat{buf}{me}"].write(me)
+    if buf != me:
+        s[f"rope{buf}"].write(me)
+    b[f"ready{buf}{me}"].arrive()  # the copies landing (one arrival here for the partition's 128)
+
+
+def scores(me, b, s, fills):
+    """A tile's scores in buffer `me`: its own half once landed, then the other half and the rope keys. The own half
+    stays read: this partition's P x V uses it."""
+    b[f"ready{me}{me}"].wait((fills - 1) & 1, fills)
+    s["q"].begin_read(me)
+    s[f"lat{me}{me}"].begin_read(me, fills)
+    b[f"ready{me}{1 - me}"].wait((fills - 1) & 1, fills)
+    s[f"lat{me}{1 - me}"].begin_read(me, fills)
+    s[f"rope{me}"].begin_read(me, 2 * fills - 1)
+    jitter()
+    s["q"].end_read(me)
+    s[f"lat{me}{1 - me}"].end_read(me)
+    s[f"rope{me}"].end_read(me)
 
 
 def run(counts):
-    b = {name: Barrier(name, cnt) for name, cnt in (("q_ready", 1), ("q_free", 1), ("ready0", 1), ("ready1", 1),
-                                                   ("free0", 2), ("free1", 2), ("pa", 1), ("pb", 1),
+    b = {name: Barrier(name, cnt) for name, cnt in (("q_ready", 1), ("ready00", 1), ("ready01", 1), ("ready10", 1),
+                                                   ("ready11", 1), ("pa", 1), ("pb", 1),
                                                    ("l_ready00", 1), ("l_ready01", 1), ("l_ready10", 1),
                                                    ("l_ready11", 1))}
-    s = {name: Slot(name) for name in ("q", "buf0", "buf1", "p0", "p1")}
+    s = {name: Slot(name) for name in ("q", "lat00", "lat01", "lat10", "lat11", "rope0", "rope1")}
     s.update((name, Slot(name, message=True)) for name in ("m0", "m1", "l00", "l01", "l10", "l11"))
     errors = []
 
