@@ -7,7 +7,7 @@ block, 48 rows masked), timed as kernels_h200.py times them (CUDA-graph replays,
 past L2). Triton's interpreter cannot run Gluon: this is the kernels' correctness test on the GPU (the CPU suite only
 compiles them for sm_90).
 
-    PYTHONUNBUFFERED=1 python benchmarks/mla_hopper_h200.py [--out DIR] [--cells b8x4K ...]
+    PYTHONUNBUFFERED=1 python benchmarks/mla_hopper_h200.py [--out DIR] [--cells b8x4K ...] [--variants seesaw ...]
 
 Writes mla_hopper_h200.json to DIR ($OUT on the device machine) and prints a short table last.
 """
@@ -39,7 +39,10 @@ def triton_config(heads):
 # run-2), mla_hopper's next scores queued behind this tile's P x V, 1.04-1.08x slower; "prefetch" (run-9), cache rows
 # pulled into L2 (cp.async.bulk.prefetch.L2) 2 or 4 tiles ahead of their copies, 1.2-1.5x slower. Kept beside the
 # default: "seesaw-bf16", its partials in bfloat16 (half the bytes written and merged), no faster (2026-12-03 run-13).
-VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-bf16": {**SEESAW, "partials": "bfloat16"}}
+# "seesaw-l2-0" and "seesaw-l2-2": each tile pulled into L2 whole (a bulk prefetch a cache block) as a partition copies
+# its own half of it, or of the tile 2 on (mla_seesaw._prefetch_tile).
+VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-bf16": {**SEESAW, "partials": "bfloat16"},
+            "seesaw-l2-0": {**SEESAW, "l2_ahead": 0}, "seesaw-l2-2": {**SEESAW, "l2_ahead": 2}}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)
 CHECKS = [
     (128, [1, 17, 64, 65, 1000, 4097], 16, None),
@@ -60,7 +63,7 @@ CELLS = ["b1x1K", "b1x32K", "b1x128K", "b8x1K", "b8x4K", "b32x1K", "b32x4K", "b8
          "16h:b256x4K", "16h:b256x32K"]
 
 
-def check(heads, lengths, block_size, programs, gen):
+def check(heads, lengths, block_size, programs, gen, variants):
     table, num_blocks = grid.scattered_tables(lengths, gen, block_size)
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     q_lat = bf16(heads, len(lengths), 512).transpose(0, 1)  # the stack's layout
@@ -73,10 +76,10 @@ def check(heads, lengths, block_size, programs, gen):
     ref = reference.mla_decode(q_lat.float(), q_pe.float(), cache.float(), table, seq_lens, scale)
     row = {"heads": heads, "lengths": lengths if len(lengths) < 10 else f"{len(lengths)} x {lengths[0]}",
            "block_size": block_size, "programs": programs, "triton_rel_err": rel_err(run(triton_config(heads)), ref)}
-    for name, cfg in VARIANTS.items():
-        out = run(cfg)
+    for name in variants:
+        out = run(VARIANTS[name])
         row[f"{name}_rel_err"] = rel_err(out, ref) if not out.isnan().any() else math.inf
-    row["ok"] = all(row[f"{name}_rel_err"] < BOUND for name in VARIANTS)
+    row["ok"] = all(row[f"{name}_rel_err"] < BOUND for name in variants)
     return row
 
 
@@ -89,13 +92,14 @@ def cell(name):
     return Cell(grid.MLA_DECODE, int(found[2]), int(found[3]) * 1024, 1, int(found[1] or 128), 1, 512, 64)
 
 
-def time_cell(c, bandwidth, rate, gen):
+def time_cell(c, bandwidth, rate, gen, timed):
     layers = grid.cell_layers(c, grid.GRID)
     floor = grid.floor_ms(grid.traffic_bytes(c), grid.attention_flops(c), bandwidth, rate)
     build = grid.mla_decode_cell(c, layers, gen)
     triton_out = build["output_with"](triton_config(c.q_heads))
     row = {"cell": c.name, "floor_us": floor * 1e3}
-    for name, cfg in {**VARIANTS, "triton": triton_config(c.q_heads)}.items():
+    for name in timed:
+        cfg = triton_config(c.q_heads) if name == "triton" else VARIANTS[name]
         us = bench_graph(build["with_config"](cfg), grid.replays_for(floor * layers)) / layers * 1e3
         row.update({f"{name}_us": us, f"{name}_x": us / (floor * 1e3)})
         if name != "triton":
@@ -108,20 +112,27 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"))
     parser.add_argument("--cells", nargs="*", type=cell, default=[cell(name) for name in CELLS],
                         help="cells to time, as b8x4K (128 heads) or 16h:b1x64K")
+    parser.add_argument("--variants", nargs="*", choices=[*VARIANTS, "triton"], default=[*VARIANTS, "triton"],
+                        help="kernels to check and time, the first the one the others are compared with "
+                             "(triton: kernels/mla.py's own; the others' answers are compared with it either way)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    checks = [(f"{spec}", lambda spec=spec: check(*spec, gen)) for spec in CHECKS]
-    result = check_then_time(os.path.join(args.out, "mla_hopper_h200.json"), checks, args.cells, time_cell, gen)
+    names = args.variants
+    gluon = [n for n in names if n != "triton"]
+    checks = [(f"{spec}", lambda spec=spec: check(*spec, gen, gluon)) for spec in CHECKS]
+    result = check_then_time(os.path.join(args.out, "mla_hopper_h200.json"), checks, args.cells,
+                             lambda c, bandwidth, rate, gen: time_cell(c, bandwidth, rate, gen, names), gen)
     if result is None:
         return 1
-    names = [*VARIANTS, "triton"]
+    others = names[1:]
     print(f"{'MLA cell':22} {'floor us':>9}" + "".join(f"{n + ' us':>12} {'x':>6}" for n in names)
-          + f" {'triton / ' + names[0]:>16}")
+          + "".join(f" {n + ' / ' + names[0]:>16}" for n in others))
     for r in result["cells"]:
         times = "".join(f"{r[n + '_us']:12.1f} {r[n + '_x']:6.2f}" for n in names)
-        print(f"{r['cell']:22} {r['floor_us']:9.1f}{times} {r['triton_us'] / r[names[0] + '_us']:16.2f}")
+        ratios = "".join(f" {r[n + '_us'] / r[names[0] + '_us']:16.2f}" for n in others)
+        print(f"{r['cell']:22} {r['floor_us']:9.1f}{times}{ratios}")
     return 0
 
 
