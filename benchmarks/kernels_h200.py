@@ -149,12 +149,17 @@ def rel_err(out, ref):
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
+# Where a cell's cache blocks lie: "scattered", every block of every sequence at a random place (a long-running
+# server's cache, and the default), or "contiguous", each sequence's blocks in order (address translation at its best).
+TABLES = "scattered"
+
+
 def scattered_tables(lengths, gen, block_size=BLOCK):
-    """Block tables over a cache with every block of every sequence at a random place."""
+    """Block tables over a cache with every block of every sequence at a random place (TABLES)."""
     blocks_per_seq = [math.ceil(n / block_size) for n in lengths]
     width = max(blocks_per_seq)
     num_blocks = sum(blocks_per_seq) + 8
-    perm = torch.randperm(num_blocks, generator=gen)
+    perm = torch.randperm(num_blocks, generator=gen) if TABLES == "scattered" else torch.arange(num_blocks)
     table = torch.zeros(len(lengths), width, dtype=torch.int32)
     at = 0
     for i, nb in enumerate(blocks_per_seq):

@@ -115,6 +115,9 @@ def main():
     parser.add_argument("--variants", nargs="*", choices=[*VARIANTS, "triton"], default=[*VARIANTS, "triton"],
                         help="kernels to check and time, the first the one the others are compared with "
                              "(triton: kernels/mla.py's own; the others' answers are compared with it either way)")
+    parser.add_argument("--tables", nargs="+", choices=["scattered", "contiguous"], default=[grid.TABLES],
+                        help="the timed cells' cache blocks: at random places, or each sequence's in order (each "
+                             "cell timed with each)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
@@ -122,8 +125,13 @@ def main():
     names = args.variants
     gluon = [n for n in names if n != "triton"]
     checks = [(f"{spec}", lambda spec=spec: check(*spec, gen, gluon)) for spec in CHECKS]
-    result = check_then_time(os.path.join(args.out, "mla_hopper_h200.json"), checks, args.cells,
-                             lambda c, bandwidth, rate, gen: time_cell(c, bandwidth, rate, gen, names), gen)
+
+    def timed(cell_tables, bandwidth, rate, gen):
+        c, grid.TABLES = cell_tables  # the checks' tables scattered either way
+        return {**time_cell(c, bandwidth, rate, gen, names), "tables": grid.TABLES}
+
+    result = check_then_time(os.path.join(args.out, "mla_hopper_h200.json"), checks,
+                             [(c, t) for t in args.tables for c in args.cells], timed, gen)
     if result is None:
         return 1
     others = names[1:]
@@ -132,7 +140,8 @@ def main():
     for r in result["cells"]:
         times = "".join(f"{r[n + '_us']:12.1f} {r[n + '_x']:6.2f}" for n in names)
         ratios = "".join(f" {r[n + '_us'] / r[names[0] + '_us']:16.2f}" for n in others)
-        print(f"{r['cell']:22} {r['floor_us']:9.1f}{times}{ratios}")
+        label = r["cell"] + ("" if r["tables"] == "scattered" else " contig")
+        print(f"{label:22} {r['floor_us']:9.1f}{times}{ratios}")
     return 0
 
 
