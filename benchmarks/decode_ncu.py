@@ -38,6 +38,9 @@ CASES = {  # name: (cell, config name or None)
     "gqa28-b1x32K": (Cell(DECODE, 1, 32768, 1, 28, 4, 128), None),
     "mla16-b1x64K": (Cell(MLA_DECODE, 1, 65536, 1, 16, 1, 512, 64), None),
     "mla128-b1x32K": (Cell(MLA_DECODE, 1, 32768, 1, 128, 1, 512, 64), None),
+    # long segments (248 tiles a program), where the seesaw's loads by halves lose to whole tiles (329 -> 354 us,
+    # mla_hopper_h200_2026-12-04_*_ab2-*)
+    "mla16-b32x32K": (Cell(MLA_DECODE, 32, 32768, 1, 16, 1, 512, 64), None),
 }
 
 

@@ -37,12 +37,11 @@ def triton_config(heads):
 
 # the Gluon kernels checked and timed beside Triton's (the default first). Tried and dropped: "overlap" (2026-12-02
 # run-2), mla_hopper's next scores queued behind this tile's P x V, 1.04-1.08x slower; "prefetch" (run-9), cache rows
-# pulled into L2 (cp.async.bulk.prefetch.L2) 2 or 4 tiles ahead of their copies, 1.2-1.5x slower. Kept beside the
-# default: "seesaw-bf16", its partials in bfloat16 (half the bytes written and merged), no faster (2026-12-03 run-13).
-# "seesaw-l2-0" and "seesaw-l2-2": each tile pulled into L2 whole (a bulk prefetch a cache block) as a partition copies
-# its own half of it, or of the tile 2 on (mla_seesaw._prefetch_tile).
-VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-bf16": {**SEESAW, "partials": "bfloat16"},
-            "seesaw-l2-0": {**SEESAW, "l2_ahead": 0}, "seesaw-l2-2": {**SEESAW, "l2_ahead": 2}}
+# pulled into L2 (cp.async.bulk.prefetch.L2) 2 or 4 tiles ahead of their copies, 1.2-1.5x slower; the same a cache
+# block at a time (one thread a block), the tile itself or 2 on as a partition copies its half of it (449a542,
+# 2026-12-04 ab1-halves-l2): 0.96-1.04x and 1.02-1.20x the time. Kept beside the default: "seesaw-bf16", its partials
+# in bfloat16 (half the bytes written and merged), no faster (2026-12-03 run-13).
+VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-bf16": {**SEESAW, "partials": "bfloat16"}}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)
 CHECKS = [
     (128, [1, 17, 64, 65, 1000, 4097], 16, None),

@@ -39,40 +39,15 @@ from .work_split import RUN_TIME_INTS
 PART_WARPS, WORKER_REGS = 4, 240
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
-# Rows of the cache pulled into L2 by the bulk-copy unit, if the thread's predicate holds ($3 bytes from $1, a multiple
-# of 16); returns 0 (inline asm needs a result).
-PREFETCH_ASM = gl.constexpr("{ .reg .pred p; setp.ne.b32 p, $2, 0; "
-                            "@p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }")
-
-
-@gluon.jit
-def _prefetch_tile(cache_ptr, bt_row, t0, end, stride_c_block, stride_c_tok, WIDTH: gl.constexpr,
-                   BLOCK_SIZE: gl.constexpr):
-    """Tokens t0..t0+63 of a sequence on their way to L2: one bulk prefetch a cache block's rows in the tile (contiguous),
-    by one thread each. So a tile is read from DRAM whole, not as the two partitions' halves at different times, and
-    ahead of its copies into shared memory. (2026-12-02 run-9 prefetched each row, by 2-4 threads: 1.2-1.5x slower.)"""
-    CHUNK: gl.constexpr = 64 if BLOCK_SIZE > 64 else BLOCK_SIZE  # a tile's rows in one cache block
-    i = gl.arange(0, 32 * PART_WARPS_C, gl.BlockedLayout([1], [32], [PART_WARPS_C], [0]))  # one element a thread
-    tok = t0 + i
-    first = (i < 64) & (i % CHUNK == 0) & (tok < end)
-    block = gl.load(bt_row + tok // BLOCK_SIZE, mask=first, other=0).to(gl.int64)
-    row = cache_ptr + block * stride_c_block + (tok % BLOCK_SIZE) * stride_c_tok
-    nbytes = ((gl.minimum(end - tok, CHUNK) - 1) * stride_c_tok + WIDTH) * 2  # bf16; the last row without padding
-    gl.inline_asm_elementwise(PREFETCH_ASM, "=r,l,r,r", [row, first.to(gl.int32), nbytes], dtype=gl.int32,
-                              is_pure=False, pack=1)
 
 
 @gluon.jit
 def _load_half(k_lat_s, k_pe_s, BUF: gl.constexpr, HALF_IDX: gl.constexpr, ready, cache_ptr, bt_row, t0, end,
-               stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr,
-               L2_AHEAD: gl.constexpr):
+               stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr):
     """Half HALF_IDX (256 latent columns) of the tile at token t0 into buffer BUF, with the tile's rope keys where the
     buffer is the other partition's (BUF != HALF_IDX); the copies arrive on `ready` as they land, rows past `end`
-    zero-filled. L2_AHEAD >= 0: with a partition's own half of its own tile, the tile L2_AHEAD tiles on to L2."""
+    zero-filled."""
     HALF: gl.constexpr = RANK // 2
-    if L2_AHEAD >= 0 and BUF == HALF_IDX:
-        _prefetch_tile(cache_ptr, bt_row, t0 + L2_AHEAD * 64, end, stride_c_block, stride_c_tok, RANK + 64,
-                       BLOCK_SIZE)
     toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
     tok = t0 + toks
     valid = (tok < end)[:, None]
@@ -131,7 +106,6 @@ def _seesaw_partition(
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    L2_AHEAD: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -183,11 +157,11 @@ def _seesaw_partition(
                                            + q_heads[:, None] * stride_qp_head + pe_cols[None, :], mask=q_rows)
             cp.mbarrier_arrive(q_ready, increment_count=False)
         _load_half(k_lat_s, k_pe_s, 0, ME, ready.index(ME), cache_ptr, bt_row, start, end, stride_c_block,
-                   stride_c_tok, RANK, BLOCK_SIZE, ld, L2_AHEAD)
+                   stride_c_tok, RANK, BLOCK_SIZE, ld)
         fills_0 += 1
         if count > 1:
             _load_half(k_lat_s, k_pe_s, 1, ME, ready.index(2 + ME), cache_ptr, bt_row, start + 64, end,
-                       stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, L2_AHEAD)
+                       stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
             fills_1 += 1
         mbarrier.wait(q_ready, segments & 1)
 
@@ -211,7 +185,7 @@ def _seesaw_partition(
                 m = m_a
                 if 2 * k + 2 < count:  # done with A's left half: the next A's, while partition 1 scores B
                     _load_half(k_lat_s, k_pe_s, 0, 0, ready.index(0), cache_ptr, bt_row, a_next, end,
-                               stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, L2_AHEAD)
+                               stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
                 if has_b:
                     mbarrier.wait(pb, pairs_b & 1)
                     mbarrier.wait(ready.index(2), (fills_1 - 1) & 1)  # B's left half, this partition's copies
@@ -222,7 +196,7 @@ def _seesaw_partition(
                     acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_pe_s.index(1), v_other, acc, is_async=True)])
                     if 2 * k + 3 < count:  # done with B's left half and P_B: the next B's, with its rope keys
                         _load_half(k_lat_s, k_pe_s, 1, 0, ready.index(2), cache_ptr, bt_row, b_next, end,
-                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, L2_AHEAD)
+                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
                     l = l * alpha_b
                     m = m_b
             else:
@@ -245,11 +219,11 @@ def _seesaw_partition(
                     pv = warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc, is_async=True)
                     if 2 * k + 2 < count:  # done with A's right half and P_A: the next A's, while P_B x V_B runs
                         _load_half(k_lat_s, k_pe_s, 0, 1, ready.index(1), cache_ptr, bt_row, a_next, end,
-                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, L2_AHEAD)
+                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
                     acc = warpgroup_mma_wait(0, deps=[pv])
                     if 2 * k + 3 < count:  # done with B's right half
                         _load_half(k_lat_s, k_pe_s, 1, 1, ready.index(3), cache_ptr, bt_row, b_next, end,
-                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, L2_AHEAD)
+                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
                     m = m_b
                 else:
                     acc = warpgroup_mma_wait(0, deps=[pv])
@@ -288,7 +262,6 @@ def _mla_decode_seesaw(
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    L2_AHEAD: gl.constexpr,
 ):
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -317,19 +290,17 @@ def _mla_decode_seesaw(
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, L2_AHEAD)),
+                             MIN_TILES, STAMPS)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, L2_AHEAD)),
+                             MIN_TILES, STAMPS)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, partials=torch.float32, stamps=None, l2_ahead=None):
-    """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials). l2_ahead: each
-    tile pulled into L2 whole this many tiles before its copies (_prefetch_tile), None: not."""
+                      num_programs=None, partials=torch.float32, stamps=None):
+    """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials)."""
     return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
-                  min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps,
-                  consts={"L2_AHEAD": -1 if l2_ahead is None else l2_ahead})
+                  min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps)
