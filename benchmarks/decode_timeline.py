@@ -42,6 +42,8 @@ CASES = {  # the grid's worst small cells (grid-20) and a large one of each kern
     "mla16-b8x4K": mla_cell(16, 8, 4096), "mla16-b256x4K": mla_cell(16, 256, 4096),
     "mla128-b1x32K": mla_cell(128, 1, 32768), "mla128-b32x1K": mla_cell(128, 32, 1024),
     "mla128-b8x4K": mla_cell(128, 8, 4096), "mla128-b256x4K": mla_cell(128, 256, 4096),
+    # long segments, where the seesaw's loads by halves lose to whole tiles (mla_hopper_h200_2026-12-04_*_ab2-*)
+    "mla16-b32x32K": mla_cell(16, 32, 32768), "mla128-b32x32K": mla_cell(128, 32, 32768),
 }
 
 
