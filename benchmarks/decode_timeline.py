@@ -54,8 +54,10 @@ def tiles_per_program(c, programs):
 
 
 def timeline(stamped, c):
-    """The spans above, in us, from the stamps of the programs that ran ([programs, 4] ns)."""
-    ran = stamped[(stamped != 0).all(dim=1)].double() / 1e3
+    """The spans above, in us, from the stamps of the programs that ran ([programs, stamps.SLOTS]: times in ns, then
+    each program's multiprocessor), and each program's multiprocessor and work."""
+    stamped = stamped[(stamped[:, :stamps.TIMES] != 0).all(dim=1)]
+    ran, sms = stamped[:, :stamps.TIMES].double() / 1e3, stamped[:, stamps.TIMES]
     if len(ran) == 0:
         raise ValueError("no program wrote its time stamps")
     started, waited, ranged, done = ran.unbind(1)
@@ -68,7 +70,14 @@ def timeline(stamped, c):
             "work_p50_us": float(med(work)), "work_max_us": float(work.max()),
             "us_per_tile": float(med(work)) / max(1.0, tiles_per_program(c, len(ran))),
             "first_done_us": float(done.min() - t0), "tail_us": float(done.max() - med(done)),
-            "timer_step_ns": timer_step_ns(ran)}
+            "timer_step_ns": timer_step_ns(ran), "slowest_sms": slowest(sms, work),
+            "work_by_sm_us": {int(sm): round(float(w), 2) for sm, w in zip(sms, work)}}
+
+
+def slowest(sms, work, count=8):
+    """The multiprocessors of the programs that worked longest, slowest first, as sm:us."""
+    order = work.argsort(descending=True)[:count]
+    return " ".join(f"{int(sms[i])}:{float(work[i]):.0f}" for i in order)
 
 
 def timer_step_ns(ran):
@@ -97,7 +106,7 @@ COLUMNS = [  # key, heading, width, format
     ("layer_on_us", "stamped", 7, ".1f"), ("span_us", "kernel", 7, ".1f"), ("launch_max_us", "launch", 6, ".1f"),
     ("wait_p50_us", "wait", 5, ".1f"), ("setup_p50_us", "setup", 5, ".1f"), ("first_done_us", "1st", 6, ".1f"),
     ("work_p50_us", "work", 7, ".1f"), ("us_per_tile", "/tile", 5, ".2f"), ("tail_us", "tail", 5, ".1f"),
-    ("rest_us", "rest", 6, ".1f"), ("programs", "progs", 5, ""),
+    ("rest_us", "rest", 6, ".1f"), ("programs", "progs", 5, ""), ("slowest_sms", "slowest (sm:work us)", 20, ""),
 ]
 
 

@@ -69,10 +69,13 @@ def _program_range(seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS: gl.con
 
 
 @gluon.jit
-def stamp_gluon(stamps_ptr, row, SLOT: gl.constexpr, WIDTH: gl.constexpr = 4):
-    """kernels/stamps.py's stamp, in Gluon (rows of WIDTH slots)."""
+def stamp_gluon(stamps_ptr, row, SLOT: gl.constexpr, WIDTH: gl.constexpr = SLOTS, SM: gl.constexpr = False):
+    """kernels/stamps.py's stamp, in Gluon (rows of WIDTH slots); SM: the multiprocessor too, in the row's last slot."""
     now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
     gl.store(stamps_ptr + row * WIDTH + SLOT, now)
+    if SM:
+        sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.store(stamps_ptr + row * WIDTH + WIDTH - 1, sm.to(gl.int64))
 
 
 @gluon.jit
@@ -242,7 +245,7 @@ def _mla_decode_hopper(
                        stride_o_head, HEADS, NUM_HEADS, RANK, True)
         x = seg_end
     if STAMPS:
-        stamp_gluon(stamps_ptr, gl.program_id(0), 3)
+        stamp_gluon(stamps_ptr, gl.program_id(0), 3, SM=True)
 
 
 def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,

@@ -249,7 +249,7 @@ def _seesaw_partition(
         segments += 1
         x = seg_end
     if STAMP:
-        stamp_gluon(stamps_ptr, gl.program_id(0), 3)
+        stamp_gluon(stamps_ptr, gl.program_id(0), 3, SM=True)
 
 
 @gluon.jit(do_not_specialize=RUN_TIME_INTS)

@@ -8,18 +8,22 @@ Off, the kernels compile as without it (a constexpr; the pointer goes unused).
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import globaltimer
+from triton.language.extra.cuda import globaltimer, smid
 
-SLOTS = 4
+SLOTS = 5
 # started; past griddepcontrol.wait (where the kernel waits on the one before it, else as started); its range known,
-# its first loads next; its last output or partial stored
-NAMES = ("started", "waited", "ranged", "done")
+# its first loads next; its last output or partial stored; then not a time: the multiprocessor it ran on (%smid), so
+# a slow program's place can be told from its work (a tail of some programs against others with as many tiles)
+NAMES = ("started", "waited", "ranged", "done", "sm")
+TIMES = 4  # the slots that are times
 
 
 @triton.jit
 def stamp(stamps_ptr, pid, SLOT: tl.constexpr):
-    """Program pid's time at SLOT (one store, every thread the same value)."""
-    tl.store(stamps_ptr + pid * 4 + SLOT, globaltimer())
+    """Program pid's time at SLOT (one store, every thread the same value), with its multiprocessor at `done`."""
+    tl.store(stamps_ptr + pid * 5 + SLOT, globaltimer())
+    if SLOT == 3:
+        tl.store(stamps_ptr + pid * 5 + 4, smid().to(tl.int64))
 
 
 def buffer(config: dict | None):

@@ -30,7 +30,7 @@ from triton.runtime.jit import JITFunction, mangle_type
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kernel_sass  # noqa: E402
 from kernels import (activation, cache_write, decode, mla, mla_hopper, mla_mha, mla_seesaw, moe, norm,  # noqa: E402
-                     prefill, prefill_hopper, rotary, router, skinny_gemm)
+                     prefill, prefill_hopper, rotary, router, skinny_gemm, stamps)
 
 H200 = GPUTarget("cuda", 90, 32)
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}
@@ -115,7 +115,7 @@ def launches() -> dict[str, tuple]:
                                                       0.088, num_programs=4),
         "decode gqa 8/2, time stamps (kernels/stamps.py)": lambda: decode.paged_decode(
             torch.randn(seqs, 8, 128, dtype=bf16), k, v, table, lens, 0.088, num_programs=4,
-            config={"stamps": torch.zeros(4, 4, dtype=torch.int64)}),
+            config={"stamps": torch.zeros(4, stamps.SLOTS, dtype=torch.int64)}),
         "prefill gqa 8/2": lambda: prefill.paged_prefill(torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens,
                                                          0.088, max_q_len=8),
         "prefill gqa 8/2, GPU config": lambda: prefill.paged_prefill(
@@ -143,7 +143,7 @@ def launches() -> dict[str, tuple]:
         "mla 128 heads, Hopper seesaw, time stamps": lambda: mla_seesaw.mla_decode_seesaw(
             torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
             0.1, torch.empty(seqs, 128, 512, dtype=bf16), min_tiles=2, num_programs=4,
-            stamps=torch.zeros(4, 4, dtype=torch.int64)),
+            stamps=torch.zeros(4, stamps.SLOTS, dtype=torch.int64)),
         "prefill gqa 8/2, Hopper (Gluon, warp-specialized)": lambda: prefill_hopper.paged_prefill_hopper(
             torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens, 0.1, (1, 8, 3), 0,
             torch.empty(14, 8, 128, dtype=bf16)),

@@ -35,3 +35,6 @@ def test_every_kernel_compiles_to_sm90_ptx(tmp_path):
     # nowhere else
     stamped = sorted(p.name for p in (tmp_path / "ptx").iterdir() if "%globaltimer" in p.read_text())
     assert len(stamped) == 3 and all("time_stamps" in name for name in stamped), stamped
+    # with each program's multiprocessor (%smid) in the decodes' stamps, not the prefill's
+    placed = sorted(p.name for p in (tmp_path / "ptx").iterdir() if "%smid" in p.read_text())
+    assert len(placed) == 2 and all("time_stamps" in name and "prefill" not in name for name in placed), placed
