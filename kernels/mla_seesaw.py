@@ -25,6 +25,11 @@ Same tile line, ranges and partials as kernels/mla.py's _mla_decode, merged by w
 Measured (mla_hopper_h200_2026-12-02_*_run-9): 1.02-1.21x faster than mla_hopper, b256 x 4K at 1.44x of the floor.
 ncu (decode_ncu_2026-12-02_*_seesaw-*): the waits for a tile's copies are the largest stall; one tile in flight a
 partition does not cover the memory's latency, and shared memory (Q 72 KiB + 2 x 72 KiB) holds no third tile.
+Loads by halves against whole tiles (f16d380), same start (mla_hopper_h200_2026-12-04_*_ab1-*): faster at 4K and
+below and for one sequence (128h b256 x 4K 623 -> 597 us, b8 x 4K 37.0 -> 34.8; 16h b8 x 4K 28.4 -> 25.2, b1 x 64K
+41.6 -> 37.7), slower on long segments (16h b128 x 32K 1244 -> 1318, b32 x 32K 329 -> 340-354). There the programs'
+median is faster (305 -> 290 us) but the multiprocessors split in two by place, ~8 consecutive ids a run, 274-290 us
+against 316-326 for the same tiles (decode_timeline_2026-12-04_*_seesaw-*-sm): a static split ends with the slow half.
 """
 import torch
 from triton.experimental import gluon
