@@ -16,14 +16,15 @@ SLOTS = 5
 # a slow program's place can be told from its work (a tail of some programs against others with as many tiles)
 NAMES = ("started", "waited", "ranged", "done", "sm")
 TIMES = 4  # the slots that are times
+_SLOTS = tl.constexpr(SLOTS)  # a row's width, in the kernels
 
 
 @triton.jit
 def stamp(stamps_ptr, pid, SLOT: tl.constexpr):
     """Program pid's time at SLOT (one store, every thread the same value), with its multiprocessor at `done`."""
-    tl.store(stamps_ptr + pid * 5 + SLOT, globaltimer())
+    tl.store(stamps_ptr + pid * _SLOTS + SLOT, globaltimer())
     if SLOT == 3:
-        tl.store(stamps_ptr + pid * 5 + 4, smid().to(tl.int64))
+        tl.store(stamps_ptr + pid * _SLOTS + _SLOTS - 1, smid().to(tl.int64))
 
 
 def buffer(config: dict | None):
