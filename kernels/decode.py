@@ -30,6 +30,12 @@ PROBE_PROGRAMS = 1001
 # per range at least (kernels/work_split.py; benchmarks/paged_h200.py's decode_split section times 1, 2, 4, 8).
 # 2 stages, not 3: of 8 configs on four GQA 28/4 cells (kernels_h200_2026-12-01_*_grid-8), b256 x 4K 1.05x of the
 # floor against 1.18x, b32 x 1K 2.05x against 2.10x, one 32K sequence 2.00x against 1.94x.
+# The sequence lengths are summed over at least this many lanes. At 16 (one to 16 sequences) ptxas gave the GPU config
+# 148-149 registers a thread for every dense shape, 3 programs a multiprocessor; from 64 up, 124-128 with or without
+# the time stamps, 4 a multiprocessor (sm_90 compile, scripts/kernel_sass.py; 32 was 155 with the stamps). The small
+# batches are where decode is furthest from its floor: the work phase of one 32K sequence ran at ~3.4 TB/s on 3
+# programs a multiprocessor where 256 sequences' ran at ~4.4 on 4 (decode_timeline_2026-12-03_*_run-2).
+SEQS_PAD_LEAST = 64
 DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "maxnreg": None, "min_tiles": 1}
 
 
@@ -145,7 +151,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
     stamp_buf = stamps.buffer(cfg)
     consts = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
                   HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
-                  BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
+                  BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(SEQS_PAD_LEAST, next_pow2(num_seqs)),
                   MIN_TILES=cfg["min_tiles"], DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(k_cache),
                   STAMPS=stamp_buf is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                   **pdl_options(launches_early(q.device)))
