@@ -31,11 +31,13 @@ PROBE_PROGRAMS = 1001
 # 2 stages, not 3: of 8 configs on four GQA 28/4 cells (kernels_h200_2026-12-01_*_grid-8), b256 x 4K 1.05x of the
 # floor against 1.18x, b32 x 1K 2.05x against 2.10x, one 32K sequence 2.00x against 1.94x.
 # The sequence lengths are summed over at least this many lanes. At 16 (one to 16 sequences) ptxas gave the GPU config
-# 148-149 registers a thread for every dense shape, 3 programs a multiprocessor; from 64 up, 124-128 with or without
-# the time stamps, 4 a multiprocessor (sm_90 compile, scripts/kernel_sass.py; 32 was 155 with the stamps). The small
-# batches are where decode is furthest from its floor: the work phase of one 32K sequence ran at ~3.4 TB/s on 3
-# programs a multiprocessor where 256 sequences' ran at ~4.4 on 4 (decode_timeline_2026-12-03_*_run-2).
-SEQS_PAD_LEAST = 64
+# 148-149 registers a thread for every dense shape, 3 programs a multiprocessor; at 32, 124-125 (4), no spills, the same
+# hot loop (sm_90 compile, scripts/kernel_sass.py). The small batches are where decode is furthest from its floor: one
+# 32K sequence's work phase ran at ~3.4 TB/s on 3 programs a multiprocessor where 256 sequences' ran at ~4.4 on 4
+# (decode_timeline_2026-12-03_*_run-2). 64 lanes gave 126-128 registers with the time stamps too (32: 155 for GQA,
+# so a stamped run of 1-32 sequences holds 3 programs a multiprocessor), but each launch of the decode and of its
+# merge paid ~1 us for the wider sum (kernels_h200_2026-12-04_*_pad64: 1 x 4K 10.9 -> 11.9 us, 32 x 1K 29.4 -> 30.5).
+SEQS_PAD_LEAST = 32
 DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "maxnreg": None, "min_tiles": 1}
 
 
@@ -180,6 +182,6 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
     part_lse = torch.empty(num_programs * 2 * group, device=q.device, dtype=torch.float32)
     _decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_q_heads, units=num_kv_heads,
-                   rows=group, head_dim=head_dim, block_n=block_n, seqs_pad=consts["SEQS_PAD"],
+                   rows=group, head_dim=head_dim, block_n=block_n, seqs_pad=max(16, next_pow2(num_seqs)),
                    min_tiles=cfg["min_tiles"])
     return out
