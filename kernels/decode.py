@@ -26,18 +26,20 @@ LOG2E = 1.4426950408889634
 # Grid size the occupancy probe compiles with: Triton folds an int argument equal to 1 into the
 # kernel (a different, smaller kernel), and one divisible by 16 gets other alignment hints.
 PROBE_PROGRAMS = 1001
-# Tuned on the H200 (benchmarks/results/): tokens per loop step, warps, pipeline depth, register cap; min_tiles: tiles
-# per range at least (kernels/work_split.py; benchmarks/paged_h200.py's decode_split section times 1, 2, 4, 8).
-# 2 stages, not 3: of 8 configs on four GQA 28/4 cells (kernels_h200_2026-12-01_*_grid-8), b256 x 4K 1.05x of the
-# floor against 1.18x, b32 x 1K 2.05x against 2.10x, one 32K sequence 2.00x against 1.94x.
 # The sequence lengths are summed over at least this many lanes. At 16 (one to 16 sequences) ptxas gave the GPU config
 # 148-149 registers a thread for every dense shape, 3 programs a multiprocessor; at 32, 124-125 (4), no spills, the same
 # hot loop (sm_90 compile, scripts/kernel_sass.py). The small batches are where decode is furthest from its floor: one
 # 32K sequence's work phase ran at ~3.4 TB/s on 3 programs a multiprocessor where 256 sequences' ran at ~4.4 on 4
-# (decode_timeline_2026-12-03_*_run-2). 64 lanes gave 126-128 registers with the time stamps too (32: 155 for GQA,
-# so a stamped run of 1-32 sequences holds 3 programs a multiprocessor), but each launch of the decode and of its
-# merge paid ~1 us for the wider sum (kernels_h200_2026-12-04_*_pad64: 1 x 4K 10.9 -> 11.9 us, 32 x 1K 29.4 -> 30.5).
+# (decode_timeline_2026-12-03_*_run-2); at 32 lanes, 1-8 sequences from 4K up took 3-8.5% less time
+# (kernels_h200_2026-12-04_*_pad32-*). 64 lanes cost each launch of the decode and of its merge ~1 us for the wider sum
+# (*_pad64-*: 1 x 4K 10.9 -> 11.9 us, 32 x 1K 29.4 -> 30.5), so only the time stamps take them: at 32 the stamped
+# build has 155 registers (3 programs), at 64 126-128 (4, the grid the unstamped decode runs).
 SEQS_PAD_LEAST = 32
+SEQS_PAD_LEAST_STAMPED = 64
+# Tuned on the H200 (benchmarks/results/): tokens per loop step, warps, pipeline depth, register cap; min_tiles: tiles
+# per range at least (kernels/work_split.py; benchmarks/paged_h200.py's decode_split section times 1, 2, 4, 8).
+# 2 stages, not 3: of 8 configs on four GQA 28/4 cells (kernels_h200_2026-12-01_*_grid-8), b256 x 4K 1.05x of the
+# floor against 1.18x, b32 x 1K 2.05x against 2.10x, one 32K sequence 2.00x against 1.94x.
 DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "maxnreg": None, "min_tiles": 1}
 
 
@@ -151,9 +153,10 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
         return out
     block_n = cfg["block_n"] if on_gpu else 16  # the interpreter runs small tiles faster
     stamp_buf = stamps.buffer(cfg)
+    seqs_pad = max(SEQS_PAD_LEAST if stamp_buf is None else SEQS_PAD_LEAST_STAMPED, next_pow2(num_seqs))
     consts = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
                   HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
-                  BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(SEQS_PAD_LEAST, next_pow2(num_seqs)),
+                  BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=seqs_pad,
                   MIN_TILES=cfg["min_tiles"], DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast_dots(k_cache),
                   STAMPS=stamp_buf is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                   **pdl_options(launches_early(q.device)))
