@@ -185,6 +185,5 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, *, out=None,
     part_lse = torch.empty(num_programs * 2 * group, device=q.device, dtype=torch.float32)
     _decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_q_heads, units=num_kv_heads,
-                   rows=group, head_dim=head_dim, block_n=block_n, seqs_pad=max(16, next_pow2(num_seqs)),
-                   min_tiles=cfg["min_tiles"])
+                   rows=group, head_dim=head_dim, block_n=block_n, min_tiles=cfg["min_tiles"])
     return out

@@ -332,6 +332,5 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     part_lse = torch.empty(num_programs * 2 * head_block, device=q_latent.device, dtype=torch.float32)
     _mla_decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=num_head_blocks,
-                   rows=head_block, head_dim=rank, block_n=block_n, seqs_pad=consts["SEQS_PAD"],
-                   min_tiles=cfg["min_tiles"], align=True)
+                   rows=head_block, head_dim=rank, block_n=block_n, min_tiles=cfg["min_tiles"], align=True)
     return out

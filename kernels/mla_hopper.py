@@ -273,8 +273,7 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
         NUM_HEAD_BLOCKS=units, NUM_HEADS=num_heads, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1],
         SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, STAMPS=stamps is not None, num_warps=num_warps)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=rows,
-                   head_dim=rank, block_n=BLOCK_N, seqs_pad=max(16, next_pow2(num_seqs)), min_tiles=min_tiles,
-                   align=True)  # as _program_range
+                   head_dim=rank, block_n=BLOCK_N, min_tiles=min_tiles, align=True)  # as _program_range
     return out
 
 

@@ -232,7 +232,7 @@ def combine_cut_units(
 
 
 def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
-                   seqs_pad, min_tiles=1, align=False):
+                   min_tiles=1, align=False):
     """Launch combine_cut_units over every (sequence, unit, row block, column block), in smaller blocks where that
     grid would leave the GPU mostly idle (few sequences), merging more partials a step where a sequence has many."""
     num_seqs = seq_lens.shape[0]
@@ -240,6 +240,9 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
     # of a batch between two of the paged stack's CUDA-graph buckets are those of a bucket, warmed before the timed
     # run (harness/stacks/paged/graphs.py). An eager mixed step decodes any count of sequences (R1's 32 x 2K: 1 to 31).
     seqs = next_pow2(num_seqs)
+    # the lengths summed over 16 lanes at least: the sum does not depend on the width, and a wider one cost each launch
+    # ~1 us (decode's 64 lanes, kernels_h200_2026-12-04_*_pad64-*)
+    seqs_pad = max(16, seqs)
     row_block = min(max(2, next_pow2(rows)), COMBINE_MAX_ROWS)  # ROW_BLOCK 1 would be a different tl.arange
     dim_block = min(COMBINE_DIM_BLOCK, max(16, next_pow2(head_dim)))
 

@@ -27,7 +27,7 @@ def combine(monkeypatch, *, seqs, units, rows, head_dim, programs):
     out = torch.empty(seqs, units * rows, head_dim)
     work_split.merge_partials(part_out, part_lse, torch.full((seqs,), 1024, dtype=torch.int32), out, programs,
                               num_heads=units * rows, units=units, rows=rows, head_dim=head_dim, block_n=64,
-                              seqs_pad=max(16, 1 << (seqs - 1).bit_length()), min_tiles=2)  # as the callers pad
+                              min_tiles=2)
     c = launch.consts
     programs = launch.grid[0] * launch.grid[1] * launch.grid[2]
     return programs, (c["J_BLOCK"], c["ROW_BLOCK"], c["DIM_BLOCK"])
