@@ -20,7 +20,6 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from .dispatch import next_pow2, on_hopper, sm_count
-from . import tickets
 from .stamps import SLOTS
 from .work_split import ALIGN_TILES, RUN_TIME_INTS, merge_partials
 
@@ -52,7 +51,7 @@ def _range_start(j, ranges, total):
 def _program_range(seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS: gl.constexpr, MIN_TILES: gl.constexpr,
                    TILE: gl.constexpr, SEQS_PAD: gl.constexpr, line: gl.constexpr):
     """This program's head block and its range [first, last) of the tile line (every sequence's tiles end to end),
-    with the line per sequence: index, length, tiles, and where its tiles end; then the line's ranges and tiles."""
+    with the line per sequence: index, length, tiles, and where its tiles end."""
     pid = gl.program_id(0)
     seqs = gl.arange(0, SEQS_PAD, line)
     lens = gl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
@@ -66,13 +65,7 @@ def _program_range(seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS: gl.con
     j = pid // NUM_HEAD_BLOCKS
     first = _range_start(gl.minimum(j, ranges), ranges, total)
     last = _range_start(gl.minimum(j + 1, ranges), ranges, total)
-    return pid % NUM_HEAD_BLOCKS, first, last, seqs, lens, tiles, ends, ranges, total
-
-
-@gluon.jit
-def _range_of(x, ranges, total):
-    """The range holding tile x (work_split.program_of)."""
-    return (((x + 1).to(gl.int64) * ranges + total - 1) // total - 1).to(gl.int32)
+    return pid % NUM_HEAD_BLOCKS, first, last, seqs, lens, tiles, ends
 
 
 @gluon.jit
@@ -158,19 +151,15 @@ def _store_segment(o, m, l, rows_o: gl.constexpr, whole, x, first, seq, head_blo
 @gluon.jit(do_not_specialize=RUN_TIME_INTS)
 def _mla_decode_hopper(
     q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr, stamps_ptr,
-    counters_ptr, qk_scale, num_seqs, num_programs,
+    qk_scale, num_seqs, num_programs,
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head,
     stride_c_block, stride_c_tok,
     stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    FUSED: gl.constexpr,
 ):
-    """Range j of head block `pid % NUM_HEAD_BLOCKS`'s tile line, as _mla_decode. STAMPS: kernels/stamps.py.
-    FUSED: 0 (counters_ptr unused): every partial is merged by work_split.combine_cut_units (the seesaw merges some
-    itself)."""
-    gl.static_assert(FUSED == 0, "mla_hopper leaves every partial to the combine")
+    """Range j of head block `pid % NUM_HEAD_BLOCKS`'s tile line, as _mla_decode. STAMPS: kernels/stamps.py."""
     HEADS: gl.constexpr = 64
     TILE: gl.constexpr = 64
     line: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
@@ -187,8 +176,8 @@ def _mla_decode_hopper(
         stamp_gluon(stamps_ptr, gl.program_id(0), 0)
         stamp_gluon(stamps_ptr, gl.program_id(0), 1)  # no griddepcontrol.wait: waited as started
 
-    head_block, first, last, seqs, lens, tiles, ends, _, _ = _program_range(
-        seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS, MIN_TILES, TILE, SEQS_PAD, line)
+    head_block, first, last, seqs, lens, tiles, ends = _program_range(seq_lens_ptr, num_seqs, num_programs,
+                                                                      NUM_HEAD_BLOCKS, MIN_TILES, TILE, SEQS_PAD, line)
     if STAMPS:
         stamp_gluon(stamps_ptr, gl.program_id(0), 2)
 
@@ -260,11 +249,10 @@ def _mla_decode_hopper(
 
 
 def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-           num_programs=None, partials=torch.float32, stamps=None, fused=0):
+           num_programs=None, partials=torch.float32, stamps=None):
     """Launch a 64-head-block decode kernel of this file's arguments, tile line and partials (mla_hopper's or
     mla_seesaw's) over one wave (one program a multiprocessor: ~216 KiB of shared memory each), then merge the
-    partials. qk_scale: the softmax scale times log2(e); stamps: kernels/stamps.py's buffer, or None; fused: the
-    kernel merges a sequence cut into at most this many ranges itself (the seesaw; 0: none), the combine the rest."""
+    partials. qk_scale: the softmax scale times log2(e); stamps: kernels/stamps.py's buffer, or None."""
     num_seqs, num_heads, rank = q_latent.shape
     units = -(-num_heads // HEAD_BLOCK)  # the last block masked where heads are fewer (16: V2-Lite)
     if num_programs is None:
@@ -277,17 +265,15 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
     part_out = torch.empty(num_programs * 2 * rows * rank, device=q_latent.device, dtype=partials)
     part_lse = torch.empty(num_programs * 2 * rows, device=q_latent.device, dtype=torch.float32)
     assert stamps is None or stamps.numel() >= num_programs * SLOTS
-    # a ticket a (sequence, head block, half of the columns): mla_seesaw._merge_if_last
-    counters = tickets.counters(out.device, num_seqs * units * 2, "mla_seesaw") if fused else part_lse
     kernel[(num_programs,)](
         q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
-        part_lse if stamps is None else stamps, counters, qk_scale, num_seqs, num_programs,
+        part_lse if stamps is None else stamps, qk_scale, num_seqs, num_programs,
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
         NUM_HEAD_BLOCKS=units, NUM_HEADS=num_heads, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1],
-        SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, STAMPS=stamps is not None, FUSED=fused, num_warps=num_warps)
+        SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, STAMPS=stamps is not None, num_warps=num_warps)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=rows,
-                   head_dim=rank, block_n=BLOCK_N, min_tiles=min_tiles, align=True, fused=fused)  # as _program_range
+                   head_dim=rank, block_n=BLOCK_N, min_tiles=min_tiles, align=True)  # as _program_range
     return out
 
 

@@ -38,14 +38,10 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .mla_hopper import (_program_range, _range_of, _range_start, _segment, _store_segment, _tile_blocks, launch,
-                         stamp_gluon)
+from .mla_hopper import _program_range, _segment, _store_segment, _tile_blocks, launch, stamp_gluon
 from .work_split import RUN_TIME_INTS
 
 PART_WARPS, WORKER_REGS = 4, 240
-# A sequence cut into at most FUSED ranges is merged by the last of its programs to store its partial (a ticket), not
-# by work_split.combine_cut_units (which still runs, for the others and the empty sequences). 0: the combine merges all.
-FUSED = 0
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
 
@@ -107,71 +103,14 @@ def _publish_p(s, m, l, m_slot, p_slot, published):
 
 
 @gluon.jit
-def _fence_gpu():
-    """fence.acq_rel.gpu: this thread's stores seen by the GPU before what it does next (a ticket), and what others
-    stored before a ticket it was shown seen by its loads after."""
-    gl.inline_asm_elementwise("fence.acq_rel.gpu;\n\tmov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
-@gluon.jit
-def _merge_if_last(ME: gl.constexpr, counters_ptr, seq, head_block, j_first, j_last, first_slot, out_ptr,
-                   part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS: gl.constexpr,
-                   NUM_HEADS: gl.constexpr, RANK: gl.constexpr, FUSED: gl.constexpr):
-    """After this partition stored its partial of a sequence cut into ranges j_first..j_last (at most FUSED): take a
-    ticket for the sequence's half of the columns, and if it is the last, merge every range's partial of that half
-    into the output (work_split.combine_cut_units' sum) and put the counter back to 0 (kernels/tickets.py). Read
-    from L2 (.cg): the partials were stored by other multiprocessors a moment ago."""
-    HALF: gl.constexpr = RANK // 2
-    PART_ROWS: gl.constexpr = 64 if NUM_HEADS > 64 else NUM_HEADS
-    # FUSED partials of CHUNK columns a step, loaded together: 128 float32 a thread in flight
-    CHUNK: gl.constexpr = HALF // FUSED
-    ld: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # a warp's load: two 256-byte rows
-    _fence_gpu()
-    gl.thread_barrier()  # every thread's partial stored and fenced before the ticket
-    counter = counters_ptr + (seq * NUM_HEAD_BLOCKS + head_block) * 2 + ME
-    ticket = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if ticket == j_last - j_first:
-        gl.store(counter, 0)
-        _fence_gpu()
-        rows = gl.arange(0, 64, gl.SliceLayout(1, ld))
-        heads = head_block * 64 + rows
-        held = (rows < PART_ROWS) & (heads < NUM_HEADS)
-        cols = gl.arange(0, CHUNK, gl.SliceLayout(0, ld))
-        m = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, ld))
-        for jj in gl.static_range(FUSED):
-            j = j_first + jj
-            at = ((j * NUM_HEAD_BLOCKS + head_block) * 2 + (first_slot if jj == 0 else 0)) * PART_ROWS + rows
-            m = gl.maximum(m, gl.load(part_lse_ptr + at, mask=held & (j <= j_last), other=float("-inf"),
-                                      cache_modifier=".cg"))
-        m = gl.where(held, m, 0.0)  # rows past the heads: no -inf - -inf
-        for c in gl.static_range(HALF // CHUNK):
-            acc = gl.zeros([64, CHUNK], gl.float32, ld)
-            w = gl.zeros([64], gl.float32, gl.SliceLayout(1, ld))
-            for jj in gl.static_range(FUSED):
-                j = j_first + jj
-                at = ((j * NUM_HEAD_BLOCKS + head_block) * 2 + (first_slot if jj == 0 else 0)) * PART_ROWS + rows
-                mine = held & (j <= j_last)
-                p = gl.exp2(gl.load(part_lse_ptr + at, mask=mine, other=float("-inf"), cache_modifier=".cg") - m)
-                o = gl.load(part_out_ptr + at[:, None] * RANK + (ME * HALF + c * CHUNK) + cols[None, :],
-                            mask=mine[:, None], other=0.0, cache_modifier=".cg")
-                acc += o.to(gl.float32) * p[:, None]
-                w += p
-            w = gl.where(held, w, 1.0)
-            o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + (ME * HALF + c * CHUNK)
-            gl.store(o_ptrs + cols[None, :], (acc / w[:, None]).to(out_ptr.dtype.element_ty), mask=held[:, None])
-
-
-@gluon.jit
 def _seesaw_partition(
     ME: gl.constexpr, smem, bars,
     q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr, stamps_ptr,
-    counters_ptr, qk_scale, num_seqs, num_programs,
+    qk_scale, num_seqs, num_programs,
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    FUSED: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -190,8 +129,8 @@ def _seesaw_partition(
         stamp_gluon(stamps_ptr, gl.program_id(0), 0)
         stamp_gluon(stamps_ptr, gl.program_id(0), 1)  # no griddepcontrol.wait: waited as started
 
-    head_block, first, last, seqs, lens, tiles, ends, ranges, total = _program_range(
-        seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS, MIN_TILES, 64, SEQS_PAD, line)
+    head_block, first, last, seqs, lens, tiles, ends = _program_range(seq_lens_ptr, num_seqs, num_programs,
+                                                                      NUM_HEAD_BLOCKS, MIN_TILES, 64, SEQS_PAD, line)
     if STAMP:
         stamp_gluon(stamps_ptr, gl.program_id(0), 2)
     q_heads = head_block * HEADS + gl.arange(0, HEADS, gl.SliceLayout(1, ld))
@@ -309,22 +248,9 @@ def _seesaw_partition(
         mbarrier.arrive(l_ready.index(par + ME), count=1)
         mbarrier.wait(l_ready.index(par + 1 - ME), (segments >> 1) & 1)
         l_all = gl.convert_layout(l + l_s.index(par + 1 - ME).load(rows_s), rows_o)
-        whole = (t_first == 0) & (count == n)
-        # one log-sum-exp, partition 0's; both store it where either may merge (the same values: the same m, and l
-        # summed the same)
-        _store_segment(acc / l_all[:, None], m, l_all, rows_o, whole, x, first, seq, head_block, o_rows, o_cols,
-                       out_ptr, part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, HEADS, NUM_HEADS, RANK,
-                       ME == 0 or FUSED > 0)
-        if FUSED > 0:
-            if not whole:
-                seq_start = x - t_first  # on the line
-                j_first = _range_of(seq_start, ranges, total)
-                j_last = _range_of(seq_start + n - 1, ranges, total)
-                if j_last - j_first < FUSED:
-                    first_slot = (_range_start(j_first, ranges, total) < seq_start).to(gl.int32)
-                    _merge_if_last(ME, counters_ptr, seq, head_block, j_first, j_last, first_slot, out_ptr,
-                                   part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS,
-                                   NUM_HEADS, RANK, FUSED)
+        _store_segment(acc / l_all[:, None], m, l_all, rows_o, (t_first == 0) & (count == n), x, first, seq,
+                       head_block, o_rows, o_cols, out_ptr, part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head,
+                       HEADS, NUM_HEADS, RANK, ME == 0)  # one log-sum-exp, partition 0's
         segments += 1
         x = seg_end
     if STAMP:
@@ -334,14 +260,13 @@ def _seesaw_partition(
 @gluon.jit(do_not_specialize=RUN_TIME_INTS)
 def _mla_decode_seesaw(
     q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr, stamps_ptr,
-    counters_ptr, qk_scale, num_seqs, num_programs,
+    qk_scale, num_seqs, num_programs,
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head,
     stride_c_block, stride_c_tok,
     stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    FUSED: gl.constexpr,
 ):
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -367,21 +292,20 @@ def _mla_decode_seesaw(
     # the argument tuples written out: a tuple built by `+` passes its constexprs on as plain values
     gl.warp_specialize([
         (_seesaw_partition, (0, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
-                             part_out_ptr, part_lse_ptr, stamps_ptr, counters_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
+                             part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, FUSED)),
+                             MIN_TILES, STAMPS)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
-                             part_out_ptr, part_lse_ptr, stamps_ptr, counters_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
+                             part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, FUSED)),
+                             MIN_TILES, STAMPS)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, partials=torch.float32, stamps=None, fused=FUSED):
-    """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials); fused: it merges
-    the sequences cut into at most this many ranges itself (_merge_if_last; 0: the combine merges all)."""
+                      num_programs=None, partials=torch.float32, stamps=None):
+    """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials)."""
     return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
-                  min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps, fused=fused)
+                  min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps)

@@ -160,13 +160,11 @@ def combine_cut_units(
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
     J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, MIN_TILES: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr,
-    FUSED: tl.constexpr,
 ):
     """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
     unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
     programs' partials per step, into the output of ROW_BLOCK of the unit's ROWS heads. Whole ones were
-    written already, and so were those cut into at most FUSED ranges (the attention kernel merged them; FUSED 1:
-    none, a cut sequence has two at least); empty sequences get zeros here."""
+    written already; empty sequences get zeros here."""
     seq = tl.program_id(0)
     row_blocks = tl.cdiv(ROWS, ROW_BLOCK)
     unit = tl.program_id(1) // row_blocks
@@ -187,7 +185,7 @@ def combine_cut_units(
         seq_end = tl.sum(tl.where(seqs == seq, ends, 0), 0)
         j_first = program_of(seq_end - n, ranges, total)
         j_last = program_of(seq_end - 1, ranges, total)
-        if j_last - j_first >= FUSED:
+        if j_first != j_last:
             # the first program holds it in slot 1 where its range began before the sequence, else in slot 0
             first_slot = (program_start(j_first, ranges, total) < seq_end - n).to(tl.int32)
             m = tl.full([ROW_BLOCK], float("-inf"), tl.float32)
@@ -234,10 +232,9 @@ def combine_cut_units(
 
 
 def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
-                   min_tiles=1, align=False, fused=0):
+                   min_tiles=1, align=False):
     """Launch combine_cut_units over every (sequence, unit, row block, column block), in smaller blocks where that
-    grid would leave the GPU mostly idle (few sequences), merging more partials a step where a sequence has many.
-    fused: the attention kernel merged the sequences cut into at most this many ranges (0: none)."""
+    grid would leave the GPU mostly idle (few sequences), merging more partials a step where a sequence has many."""
     num_seqs = seq_lens.shape[0]
     # The blocks are chosen for the batch rounded up to a power of two: the constexprs (hence the compiled variants)
     # of a batch between two of the paged stack's CUDA-graph buckets are those of a bucket, warmed before the timed
@@ -273,7 +270,6 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
         HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
-        UNROLL=j_block <= COMBINE_UNROLL_J, MIN_TILES=min_tiles, ALIGN=align, FUSED=max(1, fused),
-        **pdl_options(launches_early(out.device)),
+        UNROLL=j_block <= COMBINE_UNROLL_J, MIN_TILES=min_tiles, ALIGN=align, **pdl_options(launches_early(out.device)),
         num_warps=4,
     )
