@@ -279,7 +279,8 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
                num_programs=None):
     """MLA decode: Triton's _mla_decode, or a Gluon kernel on Hopper. out: a buffer to write (tests poison it); config
     (block_n, num_warps, num_stages, head_block, maxnreg, min_tiles, split_tail, hopper: a Gluon kernel where it runs,
-    seesaw: kernels/mla_seesaw.py, else kernels/mla_hopper.py) and num_programs override the tuned defaults
+    seesaw: kernels/mla_seesaw.py, else kernels/mla_hopper.py; tma_loads: the seesaw's TMA_LOADS) and num_programs
+    override the tuned defaults
     (decode_config) and the grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]
@@ -293,10 +294,14 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     if num_seqs == 0:
         return out
     if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads):
-        hopper = mla_seesaw.mla_decode_seesaw if cfg.get("seesaw", False) else mla_hopper.mla_decode_hopper
-        return hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
-                      min_tiles=cfg["min_tiles"], num_programs=num_programs,
-                      partials=getattr(torch, cfg.get("partials", "float32")), stamps=stamps.buffer(cfg))
+        gluon_cfg = dict(min_tiles=cfg["min_tiles"], num_programs=num_programs,
+                         partials=getattr(torch, cfg.get("partials", "float32")), stamps=stamps.buffer(cfg))
+        if cfg.get("seesaw", False):
+            return mla_seesaw.mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E,
+                                                out, tma_loads=cfg.get("tma_loads", mla_seesaw.TMA_LOADS),
+                                                **gluon_cfg)
+        return mla_hopper.mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
+                                            **gluon_cfg)
     if stamps.buffer(cfg) is not None:
         raise ValueError("config stamps: only the Gluon decode kernels (sm_90, hopper) write time stamps, not "
                          "_mla_decode")

@@ -249,10 +249,11 @@ def _mla_decode_hopper(
 
 
 def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-           num_programs=None, partials=torch.float32, stamps=None):
+           num_programs=None, partials=torch.float32, stamps=None, **extra):
     """Launch a 64-head-block decode kernel of this file's arguments, tile line and partials (mla_hopper's or
     mla_seesaw's) over one wave (one program a multiprocessor: ~216 KiB of shared memory each), then merge the
-    partials. qk_scale: the softmax scale times log2(e); stamps: kernels/stamps.py's buffer, or None."""
+    partials. qk_scale: the softmax scale times log2(e); stamps: kernels/stamps.py's buffer, or None; extra: the
+    kernel's own further arguments, by name."""
     num_seqs, num_heads, rank = q_latent.shape
     units = -(-num_heads // HEAD_BLOCK)  # the last block masked where heads are fewer (16: V2-Lite)
     if num_programs is None:
@@ -271,14 +272,14 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
         NUM_HEAD_BLOCKS=units, NUM_HEADS=num_heads, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1],
-        SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, STAMPS=stamps is not None, num_warps=num_warps)
+        SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, STAMPS=stamps is not None, num_warps=num_warps, **extra)
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=rows,
                    head_dim=rank, block_n=BLOCK_N, min_tiles=min_tiles, align=True)  # as _program_range
     return out
 
 
 def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, partials=torch.float32, stamps=None):
+                      num_programs=None, partials=torch.float32, stamps=None, **extra):
     """Decode with _mla_decode_hopper (see launch)."""
     return launch(_mla_decode_hopper, NUM_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
                   min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps)

@@ -35,35 +35,75 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .mla_hopper import _program_range, _segment, _store_segment, _tile_blocks, launch, stamp_gluon
 from .work_split import RUN_TIME_INTS
 
 PART_WARPS, WORKER_REGS = 4, 240
+# TMA_LOADS: each partition's halves of the cache's tiles copied by TMA (one thread, a box a cache block) instead of
+# cp.async by all its 128 threads (a tile half's 20 copies a thread and their addresses, ~0.2 us of a 2.1 us tile at
+# 128 heads: mla_hopper_h200_2026-12-03_*_diag-loads).
+TMA_LOADS = False
+ZERO_PAST_END = gl.constexpr(False)
+SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
 
 
 @gluon.jit
 def _load_half(k_lat_s, k_pe_s, BUF: gl.constexpr, HALF_IDX: gl.constexpr, ready, cache_ptr, bt_row, t0, end,
-               stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr):
+               stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr,
+               descs, TMA: gl.constexpr):
     """Half HALF_IDX (256 latent columns) of the tile at token t0 into buffer BUF, with the tile's rope keys where the
-    buffer is the other partition's (BUF != HALF_IDX); the copies arrive on `ready` as they land, rows past `end`
-    zero-filled."""
+    buffer is the other partition's (BUF != HALF_IDX); the copies arrive on `ready` as they land. cp.async: rows past
+    `end` zero-filled. TMA (descs: the cache's latent and rope views, a cache block a box): one thread's copies, a
+    box a cache block, rows past `end` as they are in the cache (_zero_past_end clears the values' before use)."""
     HALF: gl.constexpr = RANK // 2
-    toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
-    tok = t0 + toks
-    valid = (tok < end)[:, None]
-    row = cache_ptr + _tile_blocks(bt_row, t0, end, toks, BLOCK_SIZE) * stride_c_block + (tok % BLOCK_SIZE) * stride_c_tok
-    cols = HALF_IDX * HALF + gl.arange(0, HALF, gl.SliceLayout(0, ld))
-    cp.async_copy_global_to_shared(k_lat_s.index(BUF).slice(HALF_IDX * HALF, HALF, dim=1), row[:, None] + cols[None, :],
-                                   mask=valid)
-    if BUF != HALF_IDX:
-        pe_cols = RANK + gl.arange(0, 64, gl.SliceLayout(0, ld))
-        cp.async_copy_global_to_shared(k_pe_s.index(BUF), row[:, None] + pe_cols[None, :], mask=valid)
-    cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
+    if TMA:
+        lat_desc, pe_desc = descs
+        BOX: gl.constexpr = lat_desc.block_type.shape[0]
+        gl.thread_barrier()  # every warp of the partition is done with what the copies overwrite
+        if BUF != HALF_IDX:
+            mbarrier.expect(ready, (64 // BOX) * (lat_desc.block_type.nbytes + pe_desc.block_type.nbytes))
+        else:
+            mbarrier.expect(ready, (64 // BOX) * lat_desc.block_type.nbytes)
+        for j in gl.static_range(64 // BOX):
+            tok = t0 + j * BOX
+            row = gl.load(bt_row + tok // BLOCK_SIZE, mask=tok < end, other=0) * BLOCK_SIZE + tok % BLOCK_SIZE
+            tma.async_copy_global_to_shared(lat_desc, [row, HALF_IDX * HALF], ready,
+                                            k_lat_s.index(BUF).slice(HALF_IDX * HALF, HALF, dim=1).slice(j * BOX, BOX))
+            if BUF != HALF_IDX:
+                tma.async_copy_global_to_shared(pe_desc, [row, RANK], ready, k_pe_s.index(BUF).slice(j * BOX, BOX))
+    else:
+        toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
+        tok = t0 + toks
+        valid = (tok < end)[:, None]
+        row = (cache_ptr + _tile_blocks(bt_row, t0, end, toks, BLOCK_SIZE) * stride_c_block
+               + (tok % BLOCK_SIZE) * stride_c_tok)
+        cols = HALF_IDX * HALF + gl.arange(0, HALF, gl.SliceLayout(0, ld))
+        cp.async_copy_global_to_shared(k_lat_s.index(BUF).slice(HALF_IDX * HALF, HALF, dim=1),
+                                       row[:, None] + cols[None, :], mask=valid)
+        if BUF != HALF_IDX:
+            pe_cols = RANK + gl.arange(0, 64, gl.SliceLayout(0, ld))
+            cp.async_copy_global_to_shared(k_pe_s.index(BUF), row[:, None] + pe_cols[None, :], mask=valid)
+        cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
+
+
+@gluon.jit
+def _zero_past_end(v_half, t0, end, TMA: gl.constexpr, ld: gl.constexpr):
+    """With TMA, zero this partition's half of a tile from row end - t0 on, once its copies landed and before it is
+    used as values: rows past the sequence come from whatever the cache holds there (0 x NaN would reach the output;
+    their scores are masked either way)."""
+    if TMA and ZERO_PAST_END:
+        if t0 + 64 > end:
+            rows = gl.arange(0, 64, gl.SliceLayout(1, ld))
+            v = v_half.load(ld)
+            v_half.store(gl.where((rows < end - t0)[:, None], v, gl.zeros_like(v)))
+            fence_async_shared()  # for this partition's wgmma (the async proxy)
+            gl.thread_barrier()
 
 
 @gluon.jit
@@ -111,6 +151,7 @@ def _seesaw_partition(
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
+    descs, TMA: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -162,11 +203,11 @@ def _seesaw_partition(
                                            + q_heads[:, None] * stride_qp_head + pe_cols[None, :], mask=q_rows)
             cp.mbarrier_arrive(q_ready, increment_count=False)
         _load_half(k_lat_s, k_pe_s, 0, ME, ready.index(ME), cache_ptr, bt_row, start, end, stride_c_block,
-                   stride_c_tok, RANK, BLOCK_SIZE, ld)
+                   stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
         fills_0 += 1
         if count > 1:
             _load_half(k_lat_s, k_pe_s, 1, ME, ready.index(2 + ME), cache_ptr, bt_row, start + 64, end,
-                       stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+                       stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
             fills_1 += 1
         mbarrier.wait(q_ready, segments & 1)
 
@@ -182,6 +223,7 @@ def _seesaw_partition(
             z = k >> 30
             if ME == 0:
                 s = _scores(0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_0 - 1) & 1, HALF, s_layout)
+                _zero_past_end(v_own, start + 2 * k * 64, end, TMA, ld)
                 s = gl.where(((start + 2 * k * 64 + s_cols) < end)[None, :], s * qk_scale, float("-inf"))
                 m_a, alpha_a, l, p16 = _publish_p(s, m, l, m_s.index(0), k_pe_s.index(0), pa)
                 acc = acc * gl.convert_layout(alpha_a, rows_o)[:, None]
@@ -190,29 +232,32 @@ def _seesaw_partition(
                 m = m_a
                 if 2 * k + 2 < count:  # done with A's left half: the next A's, while partition 1 scores B
                     _load_half(k_lat_s, k_pe_s, 0, 0, ready.index(0), cache_ptr, bt_row, a_next, end,
-                               stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+                               stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
                 if has_b:
                     mbarrier.wait(pb, pairs_b & 1)
                     mbarrier.wait(ready.index(2), (fills_1 - 1) & 1)  # B's left half, this partition's copies
                     fence_async_shared()
+                    _zero_past_end(v_other, start + (2 * k + 1) * 64, end, TMA, ld)
                     m_b = m_s.index(1).load(rows_s)
                     alpha_b = gl.exp2(m - m_b)
                     acc = acc * gl.convert_layout(alpha_b, rows_o)[:, None]
                     acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_pe_s.index(1), v_other, acc, is_async=True)])
                     if 2 * k + 3 < count:  # done with B's left half and P_B: the next B's, with its rope keys
                         _load_half(k_lat_s, k_pe_s, 1, 0, ready.index(2), cache_ptr, bt_row, b_next, end,
-                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
                     l = l * alpha_b
                     m = m_b
             else:
                 s = gl.zeros([HEADS, 64], gl.float32, s_layout)
                 if has_b:
                     s = _scores(1, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_1 - 1) & 1, HALF, s_layout)
+                    _zero_past_end(v_own, start + (2 * k + 1) * 64, end, TMA, ld)
                 mbarrier.wait(pa, pairs_a & 1)
                 m_a = m_s.index(0).load(rows_s)
                 alpha_a = gl.exp2(m - m_a)
                 mbarrier.wait(ready.index(1), (fills_0 - 1) & 1)  # A's right half, this partition's copies
                 fence_async_shared()
+                _zero_past_end(v_other, start + 2 * k * 64, end, TMA, ld)
                 acc = acc * gl.convert_layout(alpha_a, rows_o)[:, None]
                 pv = warpgroup_mma(k_pe_s.index(0), v_other, acc, is_async=True)
                 l = l * alpha_a
@@ -224,11 +269,11 @@ def _seesaw_partition(
                     pv = warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc, is_async=True)
                     if 2 * k + 2 < count:  # done with A's right half and P_A: the next A's, while P_B x V_B runs
                         _load_half(k_lat_s, k_pe_s, 0, 1, ready.index(1), cache_ptr, bt_row, a_next, end,
-                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
                     acc = warpgroup_mma_wait(0, deps=[pv])
                     if 2 * k + 3 < count:  # done with B's right half
                         _load_half(k_lat_s, k_pe_s, 1, 1, ready.index(3), cache_ptr, bt_row, b_next, end,
-                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld)
+                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
                     m = m_b
                 else:
                     acc = warpgroup_mma_wait(0, deps=[pv])
@@ -265,8 +310,10 @@ def _mla_decode_seesaw(
     stride_c_block, stride_c_tok,
     stride_bt_seq,
     stride_o_seq, stride_o_head,
+    lat_desc, pe_desc,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
+    TMA: gl.constexpr,
 ):
     smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -283,7 +330,8 @@ def _mla_decode_seesaw(
     l_ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=32 * PART_WARPS_C)  # cp.async arrivals: every thread of partition 0
     for b in gl.static_range(4):
-        mbarrier.init(ready.index(b), count=32 * PART_WARPS_C)  # half h: every thread of partition h
+        # half h: every thread of partition h (cp.async), or its one thread's expected bytes (TMA)
+        mbarrier.init(ready.index(b), count=1 if TMA else 32 * PART_WARPS_C)
         mbarrier.init(l_ready.index(b), count=1)
     mbarrier.init(pa, count=1)
     mbarrier.init(pb, count=1)
@@ -295,17 +343,35 @@ def _mla_decode_seesaw(
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, partials=torch.float32, stamps=None):
-    """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials)."""
+                      num_programs=None, partials=torch.float32, stamps=None, tma_loads=TMA_LOADS):
+    """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials). tma_loads: the
+    cache's tiles copied by TMA where its blocks allow (tma_loads_fit), else by cp.async."""
+    tma_loads = tma_loads and tma_loads_fit(latent_cache)
+    flat = latent_cache.view(-1, latent_cache.shape[-1]) if tma_loads else None
+    descs = {}
+    for name, cols in (("lat_desc", q_latent.shape[-1] // 2), ("pe_desc", q_pe.shape[-1])):
+        box = [min(latent_cache.shape[1], 64), cols]
+        descs[name] = (TensorDescriptor(flat, list(flat.shape), list(flat.stride()), box, SMEM_LAYOUT)
+                       if tma_loads else latent_cache)  # unused without TMA
     return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
-                  min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps)
+                  min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps,
+                  TMA=tma_loads, **descs)
+
+
+def tma_loads_fit(latent_cache) -> bool:
+    """Whether TMA can copy the cache a block a box: blocks of a power of two tokens, at least 8 (the shared layout's
+    swizzle rows), each block's rows evenly strided after the last block's."""
+    blocks, block_size, width = latent_cache.shape
+    return (block_size >= 8 and block_size & (block_size - 1) == 0 and latent_cache.stride(2) == 1
+            and latent_cache.stride(0) == block_size * latent_cache.stride(1)
+            and latent_cache.stride(1) * latent_cache.element_size() % 16 == 0 and latent_cache.data_ptr() % 16 == 0)
