@@ -70,11 +70,24 @@ CELLS = ["b1x1K", "b1x32K", "b1x128K", "b8x1K", "b8x4K", "b32x1K", "b32x4K", "b8
          "16h:b256x4K", "16h:b256x32K"]
 
 
+def poison_unused(cache, table, lengths):
+    """NaN in every cache slot no sequence holds (a block's slots past its sequence's end, blocks of no sequence):
+    a kernel must mask the values it reads there, not only their scores (0 x NaN reaches the output)."""
+    block_size = cache.shape[1]
+    used = torch.zeros(cache.shape[:2], dtype=torch.bool, device=cache.device)
+    slots = torch.arange(block_size, device=cache.device)
+    for i, n in enumerate(lengths):
+        for j in range(-(-n // block_size)):
+            used[table[i, j].long()] |= slots < n - j * block_size
+    cache[~used] = float("nan")
+
+
 def check(heads, lengths, block_size, programs, gen, variants):
     table, num_blocks = grid.scattered_tables(lengths, gen, block_size)
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     q_lat = bf16(heads, len(lengths), 512).transpose(0, 1)  # the stack's layout
     q_pe, cache, scale = bf16(len(lengths), heads, 64), bf16(num_blocks, block_size, 576), (128 + 64) ** -0.5
+    poison_unused(cache, table, lengths)
 
     def run(cfg):
         out = torch.full_like(q_lat, float("nan"))

@@ -47,7 +47,6 @@ PART_WARPS, WORKER_REGS = 4, 240
 # cp.async by all its 128 threads (a tile half's 20 copies a thread and their addresses, ~0.2 us of a 2.1 us tile at
 # 128 heads: mla_hopper_h200_2026-12-03_*_diag-loads).
 TMA_LOADS = False
-ZERO_PAST_END = gl.constexpr(False)
 SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
@@ -58,11 +57,12 @@ def _load_half(k_lat_s, k_pe_s, BUF: gl.constexpr, HALF_IDX: gl.constexpr, ready
                stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr,
                descs, TMA: gl.constexpr):
     """Half HALF_IDX (256 latent columns) of the tile at token t0 into buffer BUF, with the tile's rope keys where the
-    buffer is the other partition's (BUF != HALF_IDX); the copies arrive on `ready` as they land. cp.async: rows past
-    `end` zero-filled. TMA (descs: the cache's latent and rope views, a cache block a box): one thread's copies, a
-    box a cache block, rows past `end` as they are in the cache (_zero_past_end clears the values' before use)."""
+    buffer is the other partition's (BUF != HALF_IDX); the copies arrive on `ready` as they land. TMA (descs: the
+    cache's latent and rope views, a cache block a box): a tile within the sequence is copied by TMA, one thread's
+    copies; the sequence's last tile by cp.async, whose rows past `end` are zero-filled (0 x NaN from a slot nobody
+    wrote would reach the output: their scores are masked, not their values)."""
     HALF: gl.constexpr = RANK // 2
-    if TMA:
+    if TMA and t0 + 64 <= end:
         lat_desc, pe_desc = descs
         BOX: gl.constexpr = lat_desc.block_type.shape[0]
         gl.thread_barrier()  # every warp of the partition is done with what the copies overwrite
@@ -71,13 +71,14 @@ def _load_half(k_lat_s, k_pe_s, BUF: gl.constexpr, HALF_IDX: gl.constexpr, ready
         else:
             mbarrier.expect(ready, (64 // BOX) * lat_desc.block_type.nbytes)
         for j in gl.static_range(64 // BOX):
-            tok = t0 + j * BOX
-            row = gl.load(bt_row + tok // BLOCK_SIZE, mask=tok < end, other=0) * BLOCK_SIZE + tok % BLOCK_SIZE
-            tma.async_copy_global_to_shared(lat_desc, [row, HALF_IDX * HALF], ready,
+            box_tok = t0 + j * BOX  # the box's first token; its row in the cache's [tokens, 576] view
+            box_row = gl.load(bt_row + box_tok // BLOCK_SIZE) * BLOCK_SIZE + box_tok % BLOCK_SIZE
+            tma.async_copy_global_to_shared(lat_desc, [box_row, HALF_IDX * HALF], ready,
                                             k_lat_s.index(BUF).slice(HALF_IDX * HALF, HALF, dim=1).slice(j * BOX, BOX))
             if BUF != HALF_IDX:
-                tma.async_copy_global_to_shared(pe_desc, [row, RANK], ready, k_pe_s.index(BUF).slice(j * BOX, BOX))
-    else:
+                tma.async_copy_global_to_shared(pe_desc, [box_row, RANK], ready,
+                                                k_pe_s.index(BUF).slice(j * BOX, BOX))
+    else:  # cp.async, every thread its rows' columns (a tile past the sequence's end: those rows zero-filled)
         toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
         tok = t0 + toks
         valid = (tok < end)[:, None]
@@ -89,21 +90,12 @@ def _load_half(k_lat_s, k_pe_s, BUF: gl.constexpr, HALF_IDX: gl.constexpr, ready
         if BUF != HALF_IDX:
             pe_cols = RANK + gl.arange(0, 64, gl.SliceLayout(0, ld))
             cp.async_copy_global_to_shared(k_pe_s.index(BUF), row[:, None] + pe_cols[None, :], mask=valid)
-        cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
-
-
-@gluon.jit
-def _zero_past_end(v_half, t0, end, TMA: gl.constexpr, ld: gl.constexpr):
-    """With TMA, zero this partition's half of a tile from row end - t0 on, once its copies landed and before it is
-    used as values: rows past the sequence come from whatever the cache holds there (0 x NaN would reach the output;
-    their scores are masked either way)."""
-    if TMA and ZERO_PAST_END:
-        if t0 + 64 > end:
-            rows = gl.arange(0, 64, gl.SliceLayout(1, ld))
-            v = v_half.load(ld)
-            v_half.store(gl.where((rows < end - t0)[:, None], v, gl.zeros_like(v)))
-            fence_async_shared()  # for this partition's wgmma (the async proxy)
+        if TMA:  # the barrier counts one arrival: each thread's copies hold its phase open until they land
+            cp.mbarrier_arrive(ready)
             gl.thread_barrier()
+            mbarrier.arrive(ready, count=1)
+        else:
+            cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
 
 
 @gluon.jit
@@ -223,7 +215,6 @@ def _seesaw_partition(
             z = k >> 30
             if ME == 0:
                 s = _scores(0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_0 - 1) & 1, HALF, s_layout)
-                _zero_past_end(v_own, start + 2 * k * 64, end, TMA, ld)
                 s = gl.where(((start + 2 * k * 64 + s_cols) < end)[None, :], s * qk_scale, float("-inf"))
                 m_a, alpha_a, l, p16 = _publish_p(s, m, l, m_s.index(0), k_pe_s.index(0), pa)
                 acc = acc * gl.convert_layout(alpha_a, rows_o)[:, None]
@@ -237,7 +228,6 @@ def _seesaw_partition(
                     mbarrier.wait(pb, pairs_b & 1)
                     mbarrier.wait(ready.index(2), (fills_1 - 1) & 1)  # B's left half, this partition's copies
                     fence_async_shared()
-                    _zero_past_end(v_other, start + (2 * k + 1) * 64, end, TMA, ld)
                     m_b = m_s.index(1).load(rows_s)
                     alpha_b = gl.exp2(m - m_b)
                     acc = acc * gl.convert_layout(alpha_b, rows_o)[:, None]
@@ -251,13 +241,11 @@ def _seesaw_partition(
                 s = gl.zeros([HEADS, 64], gl.float32, s_layout)
                 if has_b:
                     s = _scores(1, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_1 - 1) & 1, HALF, s_layout)
-                    _zero_past_end(v_own, start + (2 * k + 1) * 64, end, TMA, ld)
                 mbarrier.wait(pa, pairs_a & 1)
                 m_a = m_s.index(0).load(rows_s)
                 alpha_a = gl.exp2(m - m_a)
                 mbarrier.wait(ready.index(1), (fills_0 - 1) & 1)  # A's right half, this partition's copies
                 fence_async_shared()
-                _zero_past_end(v_other, start + 2 * k * 64, end, TMA, ld)
                 acc = acc * gl.convert_layout(alpha_a, rows_o)[:, None]
                 pv = warpgroup_mma(k_pe_s.index(0), v_other, acc, is_async=True)
                 l = l * alpha_a
