@@ -11,9 +11,9 @@ keeps 256 of the 512 output columns (0 the first half, 1 the second). Per pair o
   1: S_B; wait pa; m_B = max(m_A, rowmax S_B), P_B -> B's rope slot, m_B -> shared; arrive pb.
      O_R = (O_R a_A + P_A V_A[R]) a_B + P_B V_B[R].
   0: wait pb; O_L = O_L a_B + P_B V_B[L].
-Loads by halves, FlashMLA's way (cp.async, arriving on ready[buffer, half] as the copies land): each partition loads
-its own half of the latent columns of every tile, and the rope keys of the other partition's tiles, each the moment
-it is done with that half of the buffer's last tile. Partition 0 reads only the left half of B and P_B (B's rope
+Loads by halves, FlashMLA's way (TMA, or cp.async for a sequence's last tile, arriving on ready[buffer, half] as the
+copies land): each partition loads its own half of the latent columns of every tile, and the rope keys of the other
+partition's tiles, each the moment it is done with that half of the buffer's last tile. Partition 0 reads only the left half of B and P_B (B's rope
 slot), partition 1 only the right half of A and P_A, so every part has one last reader, which reloads it: no `free`
 barrier, and A's left half is reloaded as soon as O_L += P_A V_A[L] is done (at one load a whole tile, once both
 partitions were done with it, the copies' latency was 0.6 of a tile's 2.5 us at 128 heads x 256 sequences of 4K:
@@ -45,8 +45,11 @@ from .work_split import RUN_TIME_INTS
 PART_WARPS, WORKER_REGS = 4, 240
 # TMA_LOADS: each partition's halves of the cache's tiles copied by TMA (one thread, a box a cache block) instead of
 # cp.async by all its 128 threads (a tile half's 20 copies a thread and their addresses, ~0.2 us of a 2.1 us tile at
-# 128 heads: mla_hopper_h200_2026-12-03_*_diag-loads).
-TMA_LOADS = False
+# 128 heads: mla_hopper_h200_2026-12-03_*_diag-loads), but for a sequence's last tile (_load_half). On an H200, same
+# start (mla_hopper_h200_2026-12-04_*_tma): 0.89-1.00x the time on 12 cells, 128h b256 x 4K 592 -> 549 us (1.45x ->
+# 1.35x of the floor), b32 x 1K 40.2 -> 37.5, 16h b128 x 32K 1303 -> 1162 (1.16x -> 1.03x); 14 of 14 checks with every
+# unheld cache slot NaN.
+TMA_LOADS = True
 SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)

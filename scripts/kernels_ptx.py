@@ -140,9 +140,9 @@ def launches() -> dict[str, tuple]:
         "mla 128 heads, Hopper seesaw (Gluon, warp-specialized)": lambda: mla_seesaw.mla_decode_seesaw(
             torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
             0.1, torch.empty(seqs, 128, 512, dtype=bf16), min_tiles=2, num_programs=4),
-        "mla 128 heads, Hopper seesaw, TMA loads": lambda: mla_seesaw.mla_decode_seesaw(
+        "mla 128 heads, Hopper seesaw, cp.async loads": lambda: mla_seesaw.mla_decode_seesaw(
             torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
-            0.1, torch.empty(seqs, 128, 512, dtype=bf16), min_tiles=2, num_programs=4, tma_loads=True),
+            0.1, torch.empty(seqs, 128, 512, dtype=bf16), min_tiles=2, num_programs=4, tma_loads=False),
         "mla 128 heads, Hopper seesaw, time stamps": lambda: mla_seesaw.mla_decode_seesaw(
             torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
             0.1, torch.empty(seqs, 128, 512, dtype=bf16), min_tiles=2, num_programs=4,
