@@ -279,7 +279,7 @@ def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_len
 
 
 def mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, partials=torch.float32, stamps=None, **extra):
+                      num_programs=None, partials=torch.float32, stamps=None):
     """Decode with _mla_decode_hopper (see launch)."""
     return launch(_mla_decode_hopper, NUM_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
                   min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps)

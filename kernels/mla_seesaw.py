@@ -13,8 +13,9 @@ keeps 256 of the 512 output columns (0 the first half, 1 the second). Per pair o
   0: wait pb; O_L = O_L a_B + P_B V_B[L].
 Loads by halves, FlashMLA's way (TMA, or cp.async for a sequence's last tile, arriving on ready[buffer, half] as the
 copies land): each partition loads its own half of the latent columns of every tile, and the rope keys of the other
-partition's tiles, each the moment it is done with that half of the buffer's last tile. Partition 0 reads only the left half of B and P_B (B's rope
-slot), partition 1 only the right half of A and P_A, so every part has one last reader, which reloads it: no `free`
+partition's tiles, each the moment it is done with that half of the buffer's last tile. Partition 0 reads only the
+left half of B and P_B (B's rope slot), partition 1 only the right half of A and P_A, so every part has one last
+reader, which reloads it: no `free`
 barrier, and A's left half is reloaded as soon as O_L += P_A V_A[L] is done (at one load a whole tile, once both
 partitions were done with it, the copies' latency was 0.6 of a tile's 2.5 us at 128 heads x 256 sequences of 4K:
 mla_hopper_h200_2026-12-03_*_diag-loads). The scores start on a tile's own half while the other half lands.
@@ -50,7 +51,7 @@ PART_WARPS, WORKER_REGS = 4, 240
 # 1.35x of the floor), b32 x 1K 40.2 -> 37.5, 16h b128 x 32K 1303 -> 1162 (1.16x -> 1.03x); 14 of 14 checks with every
 # unheld cache slot NaN.
 TMA_LOADS = True
-SMEM_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
 
@@ -306,7 +307,7 @@ def _mla_decode_seesaw(
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
     TMA: gl.constexpr,
 ):
-    smem_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    smem_layout: gl.constexpr = SMEM_LAYOUT  # the TMA descriptors' too
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     q_lat_s = gl.allocate_shared_memory(gl.bfloat16, [1, 64, RANK], smem_layout)
     q_pe_s = gl.allocate_shared_memory(gl.bfloat16, [1, 64, ROPE], smem_layout)
@@ -348,15 +349,16 @@ def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
     """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials). tma_loads: the
     cache's tiles copied by TMA where its blocks allow (tma_loads_fit), else by cp.async."""
     tma_loads = tma_loads and tma_loads_fit(latent_cache)
-    flat = latent_cache.view(-1, latent_cache.shape[-1]) if tma_loads else None
-    descs = {}
-    for name, cols in (("lat_desc", q_latent.shape[-1] // 2), ("pe_desc", q_pe.shape[-1])):
-        box = [min(latent_cache.shape[1], 64), cols]
-        descs[name] = (TensorDescriptor(flat, list(flat.shape), list(flat.stride()), box, SMEM_LAYOUT)
-                       if tma_loads else latent_cache)  # unused without TMA
+    lat_desc = pe_desc = latent_cache  # unused without TMA
+    if tma_loads:  # the cache as [tokens, 576] rows, a box a cache block (a tile's at most): half the latent, the rope
+        flat = latent_cache.view(-1, latent_cache.shape[-1])
+        rows = min(latent_cache.shape[1], 64)
+        lat_desc, pe_desc = (TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, cols],
+                                             SMEM_LAYOUT.value)
+                             for cols in (q_latent.shape[-1] // 2, q_pe.shape[-1]))
     return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
                   min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps,
-                  TMA=tma_loads, **descs)
+                  TMA=tma_loads, lat_desc=lat_desc, pe_desc=pe_desc)
 
 
 def tma_loads_fit(latent_cache) -> bool:
