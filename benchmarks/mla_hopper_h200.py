@@ -43,9 +43,11 @@ def triton_config(heads):
 # in bfloat16 (half the bytes written and merged), no faster (2026-12-03 run-13). Dropped: "seesaw-fusedN" (044a15f,
 # 2026-12-04 fused-merge), the last program of a sequence cut into at most N ranges merging it (tickets), 1.05-2.7x
 # slower.
-# "seesaw-tma" / "seesaw-cp": the seesaw's tiles copied by TMA / by cp.async (kernels/mla_seesaw.py TMA_LOADS).
+# "seesaw-tma" / "seesaw-cp": the seesaw's tiles copied by TMA / by cp.async (kernels/mla_seesaw.py TMA_LOADS);
+# "seesaw-narrow": its outputs and partials stored from the accumulators' layout (WIDE_STORE off).
 VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-bf16": {**SEESAW, "partials": "bfloat16"},
-            "seesaw-tma": {**SEESAW, "tma_loads": True}, "seesaw-cp": {**SEESAW, "tma_loads": False}}
+            "seesaw-tma": {**SEESAW, "tma_loads": True}, "seesaw-cp": {**SEESAW, "tma_loads": False},
+            "seesaw-narrow": {**SEESAW, "wide_store": False}}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)
 CHECKS = [
     (128, [1, 17, 64, 65, 1000, 4097], 16, None),

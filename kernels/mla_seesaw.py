@@ -51,7 +51,15 @@ PART_WARPS, WORKER_REGS = 4, 240
 # 1.35x of the floor), b32 x 1K 40.2 -> 37.5, 16h b128 x 32K 1303 -> 1162 (1.16x -> 1.03x); 14 of 14 checks with every
 # unheld cache slot NaN.
 TMA_LOADS = True
+# WIDE_STORE: a segment's output (bf16) or partial (float32) staged in shared memory, in the partition's own tile
+# buffer, and stored 16 bytes a thread, a warp's store one 512-byte row, instead of from the wgmma accumulator's layout
+# (8 bytes a thread in 8 rows 1-2 KiB apart: the prefill's output lost 1.5-2.6 us an item to that pattern, 0.8 with
+# its wide store; kernels_h200_2026-12-03_notes.md, session 21). Each partition then loads the whole of its own buffer
+# at a segment's start (partition 0 buffer 0, with the query; partition 1 buffer 1), so that only it writes there
+# before its next segment's first scores.
+WIDE_STORE = True
 SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+STAGE_F32 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))  # WIDE_STORE's
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
 
@@ -103,6 +111,24 @@ def _load_half(k_lat_s, k_pe_s, BUF: gl.constexpr, HALF_IDX: gl.constexpr, ready
 
 
 @gluon.jit
+def _store_wide(o, stage, base, row_stride, rows_valid, PART_WARPS: gl.constexpr):
+    """o ([rows, columns] in the wgmma accumulator's layout, in the destination's dtype) to base[row * row_stride +
+    column] for the rows below rows_valid, through `stage` (shared memory of o's shape that no one else touches until
+    this partition's next copies), 16 bytes a thread."""
+    ROWS: gl.constexpr = o.shape[0]
+    COLS: gl.constexpr = o.shape[1]
+    VEC: gl.constexpr = 128 // o.dtype.primitive_bitwidth
+    wide: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [PART_WARPS, 1], [1, 0])
+    stage.store(o)
+    gl.thread_barrier()  # every warp's rows staged
+    rows = gl.arange(0, ROWS, gl.SliceLayout(1, wide))
+    cols = gl.arange(0, COLS, gl.SliceLayout(0, wide))
+    gl.store(base + rows[:, None] * row_stride + cols[None, :], stage.load(wide), mask=(rows < rows_valid)[:, None])
+    gl.thread_barrier()  # every warp done reading the stage before the partition's next copies overwrite it
+    fence_async_shared()  # those copies may be TMA's (the async proxy)
+
+
+@gluon.jit
 def _scores(ME: gl.constexpr, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, phase, HALF: gl.constexpr,
             s_layout: gl.constexpr):
     """This partition's tile (buffer ME) against the query: its own half first, as soon as its copies land, then
@@ -147,7 +173,7 @@ def _seesaw_partition(
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    descs, TMA: gl.constexpr,
+    descs, TMA: gl.constexpr, WIDE: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -198,12 +224,23 @@ def _seesaw_partition(
             cp.async_copy_global_to_shared(q_pe_s.index(0), q_pe_ptr + seq * stride_qp_seq
                                            + q_heads[:, None] * stride_qp_head + pe_cols[None, :], mask=q_rows)
             cp.mbarrier_arrive(q_ready, increment_count=False)
-        _load_half(k_lat_s, k_pe_s, 0, ME, ready.index(ME), cache_ptr, bt_row, start, end, stride_c_block,
-                   stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
+        if WIDE:  # each partition the whole of its own buffer, where it staged the last segment's output
+            if ME == 0:
+                for h in gl.static_range(2):
+                    _load_half(k_lat_s, k_pe_s, 0, h, ready.index(h), cache_ptr, bt_row, start, end, stride_c_block,
+                               stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
+            elif count > 1:
+                for h in gl.static_range(2):
+                    _load_half(k_lat_s, k_pe_s, 1, h, ready.index(2 + h), cache_ptr, bt_row, start + 64, end,
+                               stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
+        else:
+            _load_half(k_lat_s, k_pe_s, 0, ME, ready.index(ME), cache_ptr, bt_row, start, end, stride_c_block,
+                       stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
+            if count > 1:
+                _load_half(k_lat_s, k_pe_s, 1, ME, ready.index(2 + ME), cache_ptr, bt_row, start + 64, end,
+                           stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
         fills_0 += 1
         if count > 1:
-            _load_half(k_lat_s, k_pe_s, 1, ME, ready.index(2 + ME), cache_ptr, bt_row, start + 64, end,
-                       stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
             fills_1 += 1
         mbarrier.wait(q_ready, segments & 1)
 
@@ -285,9 +322,29 @@ def _seesaw_partition(
         mbarrier.arrive(l_ready.index(par + ME), count=1)
         mbarrier.wait(l_ready.index(par + 1 - ME), (segments >> 1) & 1)
         l_all = gl.convert_layout(l + l_s.index(par + 1 - ME).load(rows_s), rows_o)
-        _store_segment(acc / l_all[:, None], m, l_all, rows_o, (t_first == 0) & (count == n), x, first, seq,
-                       head_block, o_rows, o_cols, out_ptr, part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head,
-                       HEADS, NUM_HEADS, RANK, ME == 0)  # one log-sum-exp, partition 0's
+        whole = (t_first == 0) & (count == n)
+        if WIDE:  # staged in this partition's buffer: both are done with it (the exchange above)
+            if whole:
+                _store_wide((acc / l_all[:, None]).to(gl.bfloat16), k_lat_s.index(ME).slice(0, HALF, dim=1),
+                            out_ptr + seq * stride_o_seq + head_block * HEADS * stride_o_head + ME * HALF,
+                            stride_o_head, NUM_HEADS - head_block * HEADS, PART_WARPS_C)
+            else:
+                PART_ROWS: gl.constexpr = HEADS if NUM_HEADS > HEADS else NUM_HEADS  # as _store_segment
+                PART_DTYPE: gl.constexpr = part_out_ptr.dtype.element_ty
+                if PART_DTYPE.primitive_bitwidth == 16:
+                    stage = k_lat_s.index(ME).slice(0, HALF, dim=1)
+                else:  # float32: the buffer's 64 KiB whole
+                    stage = k_lat_s.index(ME)._reinterpret(gl.float32, [HEADS, HALF], STAGE_F32)
+                at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * PART_ROWS
+                _store_wide((acc / l_all[:, None]).to(PART_DTYPE), stage, part_out_ptr + at * RANK + ME * HALF,
+                            RANK, PART_ROWS, PART_WARPS_C)
+                if ME == 0:  # one log-sum-exp
+                    gl.store(part_lse_ptr + at + o_rows, gl.convert_layout(m, rows_o) + gl.log2(l_all),
+                             mask=o_rows < PART_ROWS)
+        else:
+            _store_segment(acc / l_all[:, None], m, l_all, rows_o, whole, x, first, seq, head_block, o_rows, o_cols,
+                           out_ptr, part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, HEADS, NUM_HEADS, RANK,
+                           ME == 0)  # one log-sum-exp, partition 0's
         segments += 1
         x = seg_end
     if STAMP:
@@ -305,7 +362,7 @@ def _mla_decode_seesaw(
     lat_desc, pe_desc,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    TMA: gl.constexpr,
+    TMA: gl.constexpr, WIDE: gl.constexpr,
 ):
     smem_layout: gl.constexpr = SMEM_LAYOUT  # the TMA descriptors' too
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -335,19 +392,20 @@ def _mla_decode_seesaw(
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, partials=torch.float32, stamps=None, tma_loads=TMA_LOADS):
+                      num_programs=None, partials=torch.float32, stamps=None, tma_loads=TMA_LOADS,
+                      wide_store=WIDE_STORE):
     """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials). tma_loads: the
-    cache's tiles copied by TMA where its blocks allow (tma_loads_fit), else by cp.async."""
+    cache's tiles copied by TMA where its blocks allow (tma_loads_fit), else by cp.async; wide_store: WIDE_STORE."""
     tma_loads = tma_loads and tma_loads_fit(latent_cache)
     lat_desc = pe_desc = latent_cache  # unused without TMA
     if tma_loads:  # the cache as [tokens, 576] rows, a box a cache block (a tile's at most): half the latent, the rope
@@ -358,7 +416,7 @@ def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
                              for cols in (q_latent.shape[-1] // 2, q_pe.shape[-1]))
     return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
                   min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps,
-                  TMA=tma_loads, lat_desc=lat_desc, pe_desc=pe_desc)
+                  TMA=tma_loads, WIDE=wide_store, lat_desc=lat_desc, pe_desc=pe_desc)
 
 
 def tma_loads_fit(latent_cache) -> bool:

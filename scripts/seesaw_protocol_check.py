@@ -45,14 +45,23 @@ class Slot:
 
     def __init__(self, name, message=False):
         self.name, self.version, self.readers, self.message, self.unread = name, 0, set(), message, False
+        self.staged = None  # who holds it as scratch (a segment's output on its way out) until its next write
 
     def write(self, who):
         assert not self.readers, f"{self.name}: {who} overwrote it while {self.readers} still read it"
         assert not self.unread, f"{self.name}: {who} overwrote it before the other side read it"
+        assert self.staged in (None, who), f"{self.name}: {who} overwrote {self.staged}'s staged output"
         self.version += 1
         self.unread = self.message
+        self.staged = None
+
+    def stage(self, who):
+        """Scratch for who's output: no one may read it, nor another write it, until who's next write (a load)."""
+        assert not self.readers, f"{self.name}: {who} staged into it while {self.readers} still read it"
+        self.staged = who
 
     def begin_read(self, who, version=None):
+        assert self.staged is None, f"{self.name}: {who} read it while it held {self.staged}'s staged output"
         assert version is None or self.version == version, f"{self.name}: {who} read version {self.version}, " \
                                                            f"meant {version}"
         self.readers.add(who)
@@ -76,10 +85,15 @@ def partition(me, counts, b, s):
         if me == 0:
             s["q"].write(me)
             b["q_ready"].arrive()
-        load_half(me, 0, b, s)
+        # each partition the whole of its own buffer (where it staged the last segment's output: WIDE_STORE)
+        if me == 0:
+            load_half(0, 0, b, s, half=0)
+            load_half(0, 0, b, s, half=1)
+        elif count > 1:
+            load_half(1, 1, b, s, half=0)
+            load_half(1, 1, b, s, half=1)
         fills[0] += 1
         if count > 1:
-            load_half(me, 1, b, s)
             fills[1] += 1
         b["q_ready"].wait(segments & 1, segments + 1)
         for k in range((count + 1) // 2):
@@ -145,16 +159,20 @@ def partition(me, counts, b, s):
         b[f"l_ready{par}{1 - me}"].wait((segments >> 1) & 1, (segments >> 1) + 1)
         s[f"l{par}{1 - me}"].begin_read(me)
         s[f"l{par}{1 - me}"].end_read(me)
+        for half in (0, 1):  # the output staged in this partition's buffer, stored, read back before its next loads
+            s[f"lat{me}{half}"].stage(me)
+        jitter()
         segments += 1
 
 
-def load_half(me, buf, b, s):
-    """Partition me's half of a tile's latent into buffer `buf`, with the tile's rope keys where the buffer is the
-    other partition's."""
-    s[f"lat{buf}{me}"].write(me)
-    if buf != me:
+def load_half(me, buf, b, s, half=None):
+    """Partition me's half of a tile's latent into buffer `buf` (its own half, unless `half` says which), with the
+    tile's rope keys where that half is not the buffer's own partition's."""
+    half = me if half is None else half
+    s[f"lat{buf}{half}"].write(me)
+    if buf != half:
         s[f"rope{buf}"].write(me)
-    b[f"ready{buf}{me}"].arrive()  # the copies landing (one arrival here for the partition's 128)
+    b[f"ready{buf}{half}"].arrive()  # the copies landing (one arrival here for the partition's 128)
 
 
 def scores(me, b, s, fills):
