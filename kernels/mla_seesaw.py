@@ -51,15 +51,14 @@ PART_WARPS, WORKER_REGS = 4, 240
 # 1.35x of the floor), b32 x 1K 40.2 -> 37.5, 16h b128 x 32K 1303 -> 1162 (1.16x -> 1.03x); 14 of 14 checks with every
 # unheld cache slot NaN.
 TMA_LOADS = True
-# WIDE_STORE: a segment's output (bf16) or partial (float32) staged in shared memory, in the partition's own tile
+# WIDE_STORE: a segment's bf16 output (or bf16 partial) staged in shared memory, in the partition's own half of its own
 # buffer, and stored 16 bytes a thread, a warp's store one 512-byte row, instead of from the wgmma accumulator's layout
-# (8 bytes a thread in 8 rows 1-2 KiB apart: the prefill's output lost 1.5-2.6 us an item to that pattern, 0.8 with
-# its wide store; kernels_h200_2026-12-03_notes.md, session 21). Each partition then loads the whole of its own buffer
-# at a segment's start (partition 0 buffer 0, with the query; partition 1 buffer 1), so that only it writes there
-# before its next segment's first scores.
+# (4 bytes a thread in 8 rows: half sectors; the prefill's output lost 1.5-2.6 us an item to that pattern, 0.8 with its
+# wide store, kernels_h200_2026-12-03_notes.md session 21). float32 partials are stored as before, 8 bytes a thread
+# (whole sectors): staged whole (64 KiB a partition) they were 1.06-1.08x slower on small batches
+# (mla_hopper_h200_2026-12-04_*_wide-store: 128h b32 x 1K 37.8 -> 40.2 us).
 WIDE_STORE = True
 SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
-STAGE_F32 = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))  # WIDE_STORE's
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
 
@@ -224,23 +223,12 @@ def _seesaw_partition(
             cp.async_copy_global_to_shared(q_pe_s.index(0), q_pe_ptr + seq * stride_qp_seq
                                            + q_heads[:, None] * stride_qp_head + pe_cols[None, :], mask=q_rows)
             cp.mbarrier_arrive(q_ready, increment_count=False)
-        if WIDE:  # each partition the whole of its own buffer, where it staged the last segment's output
-            if ME == 0:
-                for h in gl.static_range(2):
-                    _load_half(k_lat_s, k_pe_s, 0, h, ready.index(h), cache_ptr, bt_row, start, end, stride_c_block,
-                               stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
-            elif count > 1:
-                for h in gl.static_range(2):
-                    _load_half(k_lat_s, k_pe_s, 1, h, ready.index(2 + h), cache_ptr, bt_row, start + 64, end,
-                               stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
-        else:
-            _load_half(k_lat_s, k_pe_s, 0, ME, ready.index(ME), cache_ptr, bt_row, start, end, stride_c_block,
-                       stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
-            if count > 1:
-                _load_half(k_lat_s, k_pe_s, 1, ME, ready.index(2 + ME), cache_ptr, bt_row, start + 64, end,
-                           stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
+        _load_half(k_lat_s, k_pe_s, 0, ME, ready.index(ME), cache_ptr, bt_row, start, end, stride_c_block,
+                   stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
         fills_0 += 1
         if count > 1:
+            _load_half(k_lat_s, k_pe_s, 1, ME, ready.index(2 + ME), cache_ptr, bt_row, start + 64, end,
+                       stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
             fills_1 += 1
         mbarrier.wait(q_ready, segments & 1)
 
@@ -323,27 +311,21 @@ def _seesaw_partition(
         mbarrier.wait(l_ready.index(par + 1 - ME), (segments >> 1) & 1)
         l_all = gl.convert_layout(l + l_s.index(par + 1 - ME).load(rows_s), rows_o)
         whole = (t_first == 0) & (count == n)
-        if WIDE:  # staged in this partition's buffer: both are done with it (the exchange above)
-            if whole:
-                _store_wide((acc / l_all[:, None]).to(gl.bfloat16), k_lat_s.index(ME).slice(0, HALF, dim=1),
-                            out_ptr + seq * stride_o_seq + head_block * HEADS * stride_o_head + ME * HALF,
-                            stride_o_head, NUM_HEADS - head_block * HEADS, PART_WARPS_C)
-            else:
-                PART_ROWS: gl.constexpr = HEADS if NUM_HEADS > HEADS else NUM_HEADS  # as _store_segment
-                PART_DTYPE: gl.constexpr = part_out_ptr.dtype.element_ty
-                if PART_DTYPE.primitive_bitwidth == 16:
-                    stage = k_lat_s.index(ME).slice(0, HALF, dim=1)
-                else:  # float32: the buffer's 64 KiB whole
-                    stage = k_lat_s.index(ME)._reinterpret(gl.float32, [HEADS, HALF], STAGE_F32)
-                at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * PART_ROWS
-                _store_wide((acc / l_all[:, None]).to(PART_DTYPE), stage, part_out_ptr + at * RANK + ME * HALF,
-                            RANK, PART_ROWS, PART_WARPS_C)
-                if ME == 0:  # one log-sum-exp
-                    gl.store(part_lse_ptr + at + o_rows, gl.convert_layout(m, rows_o) + gl.log2(l_all),
-                             mask=o_rows < PART_ROWS)
+        o = acc / l_all[:, None]
+        if WIDE and whole:  # staged in v_own: both are done with it (the exchange above), and only this partition
+            # loads it next (its half of its own buffer)
+            _store_wide(o.to(gl.bfloat16), v_own, out_ptr + seq * stride_o_seq + head_block * HEADS * stride_o_head
+                        + ME * HALF, stride_o_head, NUM_HEADS - head_block * HEADS, PART_WARPS_C)
+        elif WIDE and part_out_ptr.dtype.element_ty == gl.bfloat16:
+            PART_ROWS: gl.constexpr = HEADS if NUM_HEADS > HEADS else NUM_HEADS  # as _store_segment
+            at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * PART_ROWS
+            _store_wide(o.to(gl.bfloat16), v_own, part_out_ptr + at * RANK + ME * HALF, RANK, PART_ROWS, PART_WARPS_C)
+            if ME == 0:  # one log-sum-exp
+                gl.store(part_lse_ptr + at + o_rows, gl.convert_layout(m, rows_o) + gl.log2(l_all),
+                         mask=o_rows < PART_ROWS)
         else:
-            _store_segment(acc / l_all[:, None], m, l_all, rows_o, whole, x, first, seq, head_block, o_rows, o_cols,
-                           out_ptr, part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, HEADS, NUM_HEADS, RANK,
+            _store_segment(o, m, l_all, rows_o, whole, x, first, seq, head_block, o_rows, o_cols, out_ptr,
+                           part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, HEADS, NUM_HEADS, RANK,
                            ME == 0)  # one log-sum-exp, partition 0's
         segments += 1
         x = seg_end

@@ -85,15 +85,10 @@ def partition(me, counts, b, s):
         if me == 0:
             s["q"].write(me)
             b["q_ready"].arrive()
-        # each partition the whole of its own buffer (where it staged the last segment's output: WIDE_STORE)
-        if me == 0:
-            load_half(0, 0, b, s, half=0)
-            load_half(0, 0, b, s, half=1)
-        elif count > 1:
-            load_half(1, 1, b, s, half=0)
-            load_half(1, 1, b, s, half=1)
+        load_half(me, 0, b, s)
         fills[0] += 1
         if count > 1:
+            load_half(me, 1, b, s)
             fills[1] += 1
         b["q_ready"].wait(segments & 1, segments + 1)
         for k in range((count + 1) // 2):
@@ -159,20 +154,18 @@ def partition(me, counts, b, s):
         b[f"l_ready{par}{1 - me}"].wait((segments >> 1) & 1, (segments >> 1) + 1)
         s[f"l{par}{1 - me}"].begin_read(me)
         s[f"l{par}{1 - me}"].end_read(me)
-        for half in (0, 1):  # the output staged in this partition's buffer, stored, read back before its next loads
-            s[f"lat{me}{half}"].stage(me)
+        s[f"lat{me}{me}"].stage(me)  # a bf16 output staged in v_own (WIDE_STORE), read back before the next loads
         jitter()
         segments += 1
 
 
-def load_half(me, buf, b, s, half=None):
-    """Partition me's half of a tile's latent into buffer `buf` (its own half, unless `half` says which), with the
-    tile's rope keys where that half is not the buffer's own partition's."""
-    half = me if half is None else half
-    s[f"lat{buf}{half}"].write(me)
-    if buf != half:
+def load_half(me, buf, b, s):
+    """Partition me's half of a tile's latent into buffer `buf`, with the tile's rope keys where the buffer is the
+    other partition's."""
+    s[f"lat{buf}{me}"].write(me)
+    if buf != me:
         s[f"rope{buf}"].write(me)
-    b[f"ready{buf}{half}"].arrive()  # the copies landing (one arrival here for the partition's 128)
+    b[f"ready{buf}{me}"].arrive()  # the copies landing (one arrival here for the partition's 128)
 
 
 def scores(me, b, s, fills):
