@@ -39,15 +39,16 @@ def triton_config(heads):
 # run-2), mla_hopper's next scores queued behind this tile's P x V, 1.04-1.08x slower; "prefetch" (run-9), cache rows
 # pulled into L2 (cp.async.bulk.prefetch.L2) 2 or 4 tiles ahead of their copies, 1.2-1.5x slower; the same a cache
 # block at a time (one thread a block), the tile itself or 2 on as a partition copies its half of it (449a542,
-# 2026-12-04 ab1-halves-l2): 0.96-1.04x and 1.02-1.20x the time. Kept beside the default: "seesaw-bf16", its partials
-# in bfloat16 (half the bytes written and merged), no faster (2026-12-03 run-13). Dropped: "seesaw-fusedN" (044a15f,
+# 2026-12-04 ab1-halves-l2): 0.96-1.04x and 1.02-1.20x the time. Dropped: "seesaw-fusedN" (044a15f,
 # 2026-12-04 fused-merge), the last program of a sequence cut into at most N ranges merging it (tickets), 1.05-2.7x
 # slower.
 # "seesaw-tma" / "seesaw-cp": the seesaw's tiles copied by TMA / by cp.async (kernels/mla_seesaw.py TMA_LOADS);
-# "seesaw-narrow": its outputs and partials stored from the accumulators' layout (WIDE_STORE off).
-VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-bf16": {**SEESAW, "partials": "bfloat16"},
+# "seesaw-f32": float32 partials, stored from the accumulators' layout (bf16 outputs staged, WIDE_STORE);
+# "seesaw-narrow": the default before 2026-12-04's wide-bf16 runs, float32 partials and every store from the
+# accumulators' layout.
+VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-f32": {**SEESAW, "partials": "float32"},
             "seesaw-tma": {**SEESAW, "tma_loads": True}, "seesaw-cp": {**SEESAW, "tma_loads": False},
-            "seesaw-narrow": {**SEESAW, "wide_store": False}}
+            "seesaw-narrow": {**SEESAW, "partials": "float32", "wide_store": False}}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)
 CHECKS = [
     (128, [1, 17, 64, 65, 1000, 4097], 16, None),

@@ -55,11 +55,16 @@ MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block"
 # faster on 11 128-head cells of issue 14's grid (b256 x 4K 1121 -> 766 us; mla_hopper_h200_2026-12-02_*_run-1).
 # seesaw: kernels/mla_seesaw.py in place of mla_hopper (two warp-specialized partitions on alternate tiles): 1.02-1.21x
 # faster on the same 11 cells, b256 x 4K 737 -> 618 us (1.71x -> 1.44x of the floor; *_run-9, variant seesaw-pf0).
-# partials (the Gluon kernels; float32 unless given): bfloat16 halves a 64-head block's 128 KiB partial, written and
-# merged, but was no faster on 20 cells (mla_hopper_h200_2026-12-03_*_run-13: 128h b1 x 32K 39.2 -> 41.0 us, b32 x 1K
-# 45.0 -> 46.8): the combine of one sequence waits on its steps, not on bytes.
+# partials (the Gluon kernels' split-context partial outputs; their log-sum-exps stay float32): bfloat16, the output's
+# dtype, as FlashInfer's split-KV decode keeps its own. Half a 64-head block's 128 KiB partial written and merged;
+# with the seesaw's WIDE_STORE (staged, 16 bytes a thread) 0.90-0.96x the time of float32 partials stored from the
+# accumulators on the small 128-head cells, two orders of variants on one machine
+# (mla_hopper_h200_2026-12-04_*_wide-bf16-*: b32 x 1K 39.3 -> 35.3 and 37.8 -> 37.2 us, b1 x 32K 36.2 -> 33.9,
+# b256 x 1K 195.5 -> 186.8); relative error against float32 references 0.0024 where sequences are cut in ranges
+# (0.0018 float32; bound 0.01). Unstaged it was no faster
+# (mla_hopper_h200_2026-12-03_*_run-13: b32 x 1K 45.0 -> 46.8): 4 bytes a thread in 8 rows, half sectors.
 MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
-                     "split_tail": True, "hopper": True, "seesaw": True}
+                     "split_tail": True, "hopper": True, "seesaw": True, "partials": "bfloat16"}
 # Up to 32 heads where the seesaw runs (an sm_90 GPU): one 64-head block, the rows past the last head masked (at 16
 # heads 4x the products, still under the latent's bytes on the H200: 64 rows x 1088 x 2 FLOP a 1152-byte row, 121 FLOP a
 # byte against 165) and one partial a program of its heads' rows only (16: 32 KiB), not three. Against _mla_decode's
@@ -280,8 +285,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     """MLA decode: Triton's _mla_decode, or a Gluon kernel on Hopper. out: a buffer to write (tests poison it); config
     (block_n, num_warps, num_stages, head_block, maxnreg, min_tiles, split_tail, hopper: a Gluon kernel where it runs,
     seesaw: kernels/mla_seesaw.py, else kernels/mla_hopper.py; tma_loads, wide_store: the seesaw's TMA_LOADS,
-    WIDE_STORE) and num_programs
-    override the tuned defaults
+    WIDE_STORE; partials: the Gluon kernels' dtype) and num_programs override the tuned defaults
     (decode_config) and the grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]

@@ -51,12 +51,13 @@ PART_WARPS, WORKER_REGS = 4, 240
 # 1.35x of the floor), b32 x 1K 40.2 -> 37.5, 16h b128 x 32K 1303 -> 1162 (1.16x -> 1.03x); 14 of 14 checks with every
 # unheld cache slot NaN.
 TMA_LOADS = True
-# WIDE_STORE: a segment's bf16 output (or bf16 partial) staged in shared memory, in the partition's own half of its own
-# buffer, and stored 16 bytes a thread, a warp's store one 512-byte row, instead of from the wgmma accumulator's layout
-# (4 bytes a thread in 8 rows: half sectors; the prefill's output lost 1.5-2.6 us an item to that pattern, 0.8 with its
-# wide store, kernels_h200_2026-12-03_notes.md session 21). float32 partials are stored as before, 8 bytes a thread
-# (whole sectors): staged whole (64 KiB a partition) they were 1.06-1.08x slower on small batches
-# (mla_hopper_h200_2026-12-04_*_wide-store: 128h b32 x 1K 37.8 -> 40.2 us).
+# WIDE_STORE: a segment's bf16 output or partial (kernels/mla.py's default partials) staged in shared memory, in the
+# partition's own half of its own buffer, and stored 16 bytes a thread, a warp's store one 512-byte row, instead of from
+# the wgmma accumulator's layout (4 bytes a thread in 8 rows: half sectors; the prefill's output lost 1.5-2.6 us an
+# item to that pattern, 0.8 with its wide store: kernels_h200_2026-12-03_notes.md, session 21). float32 partials are
+# stored as before, 8 bytes a thread (whole sectors): staged whole (64 KiB a partition, the half-tile layout of the
+# loads moved for it) they were 1.06-1.08x slower on small batches (mla_hopper_h200_2026-12-04_*_wide-store: 128h
+# b32 x 1K 37.8 -> 40.2 us).
 WIDE_STORE = True
 SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 PART_WARPS_C = gl.constexpr(PART_WARPS)
@@ -384,7 +385,7 @@ def _mla_decode_seesaw(
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, partials=torch.float32, stamps=None, tma_loads=TMA_LOADS,
+                      num_programs=None, partials=torch.bfloat16, stamps=None, tma_loads=TMA_LOADS,
                       wide_store=WIDE_STORE):
     """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials). tma_loads: the
     cache's tiles copied by TMA where its blocks allow (tma_loads_fit), else by cp.async; wide_store: WIDE_STORE."""

@@ -41,9 +41,8 @@ def ptxas_info(verbose: str) -> dict:
             "spill_loads": number(r"(\d+) bytes spill loads")}
 
 
-def hot_loop(sass: str, min_mma: int = 1) -> dict | None:
-    """The innermost loop with at least min_mma tensor-core instructions (a backward branch's range): its
-    instructions, HMMA/HGMMA, LDL and STL; None where no loop runs them."""
+def loops(sass: str) -> list[dict]:
+    """Every loop (a backward branch's range): its first and last address, instructions, HMMA/HGMMA, LDL and STL."""
     labels, instructions, pending = {}, [], []
     for line in sass.splitlines():
         label = LABEL.match(line)
@@ -56,13 +55,31 @@ def hot_loop(sass: str, min_mma: int = 1) -> dict | None:
             labels.update((name, address) for name in pending)
             pending = []
             instructions.append((address, found.group(2)))
-    loops = []
+    found_loops = []
     for address, text in instructions:
         branch = BACKWARD_BRANCH.search(text)
         if branch and labels.get(branch.group(1), address + 1) <= address:
             body = [t for a, t in instructions if labels[branch.group(1)] <= a <= address]
-            loops.append({"instructions": len(body), "mma": sum(bool(re.search(r"\bH(G)?MMA", t)) for t in body),
-                          "LDL": sum(bool(re.search(r"\bLDL\b", t)) for t in body),
-                          "STL": sum(bool(re.search(r"\bSTL\b", t)) for t in body)})
-    with_mma = [loop for loop in loops if loop["mma"] >= min_mma]
+            found_loops.append({"first": labels[branch.group(1)], "last": address, "instructions": len(body),
+                                "mma": sum(bool(re.search(r"\bH(G)?MMA", t)) for t in body),
+                                "LDL": sum(bool(re.search(r"\bLDL\b", t)) for t in body),
+                                "STL": sum(bool(re.search(r"\bSTL\b", t)) for t in body)})
+    return found_loops
+
+
+def hot_loop(sass: str, min_mma: int = 1) -> dict | None:
+    """The innermost loop with at least min_mma tensor-core instructions (a backward branch's range): its
+    instructions, HMMA/HGMMA, LDL and STL; None where no loop runs them."""
+    with_mma = [loop for loop in loops(sass) if loop["mma"] >= min_mma]
     return min(with_mma, key=lambda loop: loop["instructions"]) if with_mma else None
+
+
+def tile_loops(sass: str, min_mma: int = 1) -> list[dict]:
+    """The smallest loops with at least min_mma tensor-core instructions that overlap no smaller one: a
+    warp-specialized kernel's tile loop in each partition. (An mbarrier wait's retry, placed after the kernel's body,
+    branches back into a loop and reads as a larger loop overlapping it.)"""
+    taken = []
+    for loop in sorted((loop for loop in loops(sass) if loop["mma"] >= min_mma), key=lambda loop: loop["instructions"]):
+        if all(loop["last"] < other["first"] or other["last"] < loop["first"] for other in taken):
+            taken.append(loop)
+    return sorted(taken, key=lambda loop: loop["first"])
