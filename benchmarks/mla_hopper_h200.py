@@ -45,10 +45,11 @@ def triton_config(heads):
 # "seesaw-tma" / "seesaw-cp": the seesaw's tiles copied by TMA / by cp.async (kernels/mla_seesaw.py TMA_LOADS);
 # "seesaw-f32": float32 partials, stored from the accumulators' layout (bf16 outputs staged, WIDE_STORE);
 # "seesaw-narrow": the default before 2026-12-04's wide-bf16 runs, float32 partials and every store from the
-# accumulators' layout.
+# accumulators' layout. "seesaw-own-first": each partition's scores begin on its own half (LEFT_FIRST off).
 VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-f32": {**SEESAW, "partials": "float32"},
             "seesaw-tma": {**SEESAW, "tma_loads": True}, "seesaw-cp": {**SEESAW, "tma_loads": False},
-            "seesaw-narrow": {**SEESAW, "partials": "float32", "wide_store": False}}
+            "seesaw-narrow": {**SEESAW, "partials": "float32", "wide_store": False},
+            "seesaw-own-first": {**SEESAW, "left_first": False}}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)
 CHECKS = [
     (128, [1, 17, 64, 65, 1000, 4097], 16, None),
