@@ -41,15 +41,16 @@ def triton_config(heads):
 # block at a time (one thread a block), the tile itself or 2 on as a partition copies its half of it (449a542,
 # 2026-12-04 ab1-halves-l2): 0.96-1.04x and 1.02-1.20x the time. Dropped: "seesaw-fusedN" (044a15f,
 # 2026-12-04 fused-merge), the last program of a sequence cut into at most N ranges merging it (tickets), 1.05-2.7x
-# slower.
+# slower; "seesaw-own-first" against LEFT_FIRST (ce2e263, 2026-12-04 left-first-a/b), partition 1's scores begun on
+# the tile's left half, which partition 0 reloads: 1.00-1.03x the time in both orders (128h b256 x 4K 545.0 / 549.9
+# and 537.6 / 552.4 us), the halves land together.
 # "seesaw-tma" / "seesaw-cp": the seesaw's tiles copied by TMA / by cp.async (kernels/mla_seesaw.py TMA_LOADS);
 # "seesaw-f32": float32 partials, stored from the accumulators' layout (bf16 outputs staged, WIDE_STORE);
 # "seesaw-narrow": the default before 2026-12-04's wide-bf16 runs, float32 partials and every store from the
-# accumulators' layout. "seesaw-own-first": each partition's scores begin on its own half (LEFT_FIRST off).
+# accumulators' layout.
 VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-f32": {**SEESAW, "partials": "float32"},
             "seesaw-tma": {**SEESAW, "tma_loads": True}, "seesaw-cp": {**SEESAW, "tma_loads": False},
-            "seesaw-narrow": {**SEESAW, "partials": "float32", "wide_store": False},
-            "seesaw-own-first": {**SEESAW, "left_first": False}}
+            "seesaw-narrow": {**SEESAW, "partials": "float32", "wide_store": False}}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)
 CHECKS = [
     (128, [1, 17, 64, 65, 1000, 4097], 16, None),

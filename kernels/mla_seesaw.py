@@ -59,11 +59,6 @@ TMA_LOADS = True
 # loads moved for it) they were 1.06-1.08x slower on small batches (mla_hopper_h200_2026-12-04_*_wide-store: 128h
 # b32 x 1K 37.8 -> 40.2 us).
 WIDE_STORE = True
-# LEFT_FIRST: each tile's scores begin on its left half, which partition 0 reloads (its P x V on the last tile's left
-# half is issued before partition 1's on the right half), in both partitions; before, each began on its own half.
-# Partition 1's first wait, on its own half of the odd tile, was 9% of the stall samples at 128h b256 x 4K
-# (decode_ncu_2026-12-04_*_seesaw-tma-mla128-b256x4K), its wait on the other half 2.5%.
-LEFT_FIRST = True
 SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
@@ -135,27 +130,20 @@ def _store_wide(o, stage, base, row_stride, rows_valid, PART_WARPS: gl.constexpr
 
 @gluon.jit
 def _scores(ME: gl.constexpr, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, phase, HALF: gl.constexpr,
-            s_layout: gl.constexpr, LEFT_FIRST: gl.constexpr):
-    """This partition's tile (buffer ME) against the query, a half at a time as its copies land, the rope keys with
-    the other partition's half (they come with it). LEFT_FIRST: the left half first in either buffer (partition 0
-    reloads it, and its P x V on a tile's left half is issued before partition 1's on the right half), else this
-    partition's own half first. z: 0, not provably (see the loop)."""
-    H0: gl.constexpr = 0 if LEFT_FIRST else ME  # the half waited for first
-    H1: gl.constexpr = 1 - H0
-    mbarrier.wait(ready.index(2 * ME + H0), phase)
+            s_layout: gl.constexpr):
+    """This partition's tile (buffer ME) against the query: its own half first, as soon as its copies land, then
+    the other half and the rope keys, which the other partition loads. z: 0, not provably (see the loop)."""
+    mbarrier.wait(ready.index(3 * ME), phase)  # buffer ME, half ME
     fence_async_shared()  # the copies' data, for the async proxy (wgmma)
-    s = warpgroup_mma(q_lat_s.index(z).slice(H0 * HALF, HALF, dim=1),
-                      k_lat_s.index(ME + z).slice(H0 * HALF, HALF, dim=1).permute((1, 0)),
+    s = warpgroup_mma(q_lat_s.index(z).slice(ME * HALF, HALF, dim=1),
+                      k_lat_s.index(ME + z).slice(ME * HALF, HALF, dim=1).permute((1, 0)),
                       gl.zeros([64, 64], gl.float32, s_layout), is_async=True)
-    if H0 != ME:
-        s = warpgroup_mma(q_pe_s.index(z), k_pe_s.index(ME + z).permute((1, 0)), s, is_async=True)
-    mbarrier.wait(ready.index(2 * ME + H1), phase)
+    mbarrier.wait(ready.index(ME + 1), phase)  # buffer ME, half 1 - ME and the rope keys
     fence_async_shared()
-    s = warpgroup_mma(q_lat_s.index(z).slice(H1 * HALF, HALF, dim=1),
-                      k_lat_s.index(ME + z).slice(H1 * HALF, HALF, dim=1).permute((1, 0)), s, is_async=True)
-    if H1 != ME:
-        s = warpgroup_mma(q_pe_s.index(z), k_pe_s.index(ME + z).permute((1, 0)), s, is_async=True)
-    return warpgroup_mma_wait(0, deps=[s])
+    s = warpgroup_mma(q_lat_s.index(z).slice((1 - ME) * HALF, HALF, dim=1),
+                      k_lat_s.index(ME + z).slice((1 - ME) * HALF, HALF, dim=1).permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(0, deps=[warpgroup_mma(q_pe_s.index(z), k_pe_s.index(ME + z).permute((1, 0)), s,
+                                                     is_async=True)])
 
 
 @gluon.jit
@@ -185,7 +173,7 @@ def _seesaw_partition(
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    descs, TMA: gl.constexpr, WIDE: gl.constexpr, LEFT_FIRST: gl.constexpr,
+    descs, TMA: gl.constexpr, WIDE: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -256,8 +244,7 @@ def _seesaw_partition(
             # hoisted out of the loop and held (ptxas: 255 registers, 45 local loads a pair).
             z = k >> 30
             if ME == 0:
-                s = _scores(0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_0 - 1) & 1, HALF, s_layout,
-                            LEFT_FIRST)
+                s = _scores(0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_0 - 1) & 1, HALF, s_layout)
                 s = gl.where(((start + 2 * k * 64 + s_cols) < end)[None, :], s * qk_scale, float("-inf"))
                 m_a, alpha_a, l, p16 = _publish_p(s, m, l, m_s.index(0), k_pe_s.index(0), pa)
                 acc = acc * gl.convert_layout(alpha_a, rows_o)[:, None]
@@ -283,8 +270,7 @@ def _seesaw_partition(
             else:
                 s = gl.zeros([HEADS, 64], gl.float32, s_layout)
                 if has_b:
-                    s = _scores(1, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_1 - 1) & 1, HALF, s_layout,
-                                LEFT_FIRST)
+                    s = _scores(1, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_1 - 1) & 1, HALF, s_layout)
                 mbarrier.wait(pa, pairs_a & 1)
                 m_a = m_s.index(0).load(rows_s)
                 alpha_a = gl.exp2(m - m_a)
@@ -359,7 +345,7 @@ def _mla_decode_seesaw(
     lat_desc, pe_desc,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    TMA: gl.constexpr, WIDE: gl.constexpr, LEFT_FIRST: gl.constexpr,
+    TMA: gl.constexpr, WIDE: gl.constexpr,
 ):
     smem_layout: gl.constexpr = SMEM_LAYOUT  # the TMA descriptors' too
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -389,21 +375,20 @@ def _mla_decode_seesaw(
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, LEFT_FIRST)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, LEFT_FIRST)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
                       num_programs=None, partials=torch.bfloat16, stamps=None, tma_loads=TMA_LOADS,
-                      wide_store=WIDE_STORE, left_first=LEFT_FIRST):
+                      wide_store=WIDE_STORE):
     """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials). tma_loads: the
-    cache's tiles copied by TMA where its blocks allow (tma_loads_fit), else by cp.async; wide_store, left_first:
-    WIDE_STORE, LEFT_FIRST."""
+    cache's tiles copied by TMA where its blocks allow (tma_loads_fit), else by cp.async; wide_store: WIDE_STORE."""
     tma_loads = tma_loads and tma_loads_fit(latent_cache)
     lat_desc = pe_desc = latent_cache  # unused without TMA
     if tma_loads:  # the cache as [tokens, 576] rows, a box a cache block (a tile's at most): half the latent, the rope
@@ -414,7 +399,7 @@ def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
                              for cols in (q_latent.shape[-1] // 2, q_pe.shape[-1]))
     return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
                   min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps,
-                  TMA=tma_loads, WIDE=wide_store, LEFT_FIRST=left_first, lat_desc=lat_desc, pe_desc=pe_desc)
+                  TMA=tma_loads, WIDE=wide_store, lat_desc=lat_desc, pe_desc=pe_desc)
 
 
 def tma_loads_fit(latent_cache) -> bool:

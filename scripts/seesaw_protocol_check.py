@@ -169,15 +169,15 @@ def load_half(me, buf, b, s):
 
 
 def scores(me, b, s, fills):
-    """A tile's scores in buffer `me`: its left half once landed, then the right (LEFT_FIRST), the rope keys with the
-    other partition's half. The own half stays read: this partition's P x V uses it."""
+    """A tile's scores in buffer `me`: its own half once landed, then the other half and the rope keys. The own half
+    stays read: this partition's P x V uses it."""
+    b[f"ready{me}{me}"].wait((fills - 1) & 1, fills)
     s["q"].begin_read(me)
-    for half in (0, 1):
-        b[f"ready{me}{half}"].wait((fills - 1) & 1, fills)
-        s[f"lat{me}{half}"].begin_read(me, fills)
-        if half != me:
-            s[f"rope{me}"].begin_read(me, 2 * fills - 1)
-        jitter()
+    s[f"lat{me}{me}"].begin_read(me, fills)
+    b[f"ready{me}{1 - me}"].wait((fills - 1) & 1, fills)
+    s[f"lat{me}{1 - me}"].begin_read(me, fills)
+    s[f"rope{me}"].begin_read(me, 2 * fills - 1)
+    jitter()
     s["q"].end_read(me)
     s[f"lat{me}{1 - me}"].end_read(me)
     s[f"rope{me}"].end_read(me)
