@@ -191,7 +191,7 @@ def combine_cut_units(
             m = tl.full([ROW_BLOCK], float("-inf"), tl.float32)
             w = tl.zeros([ROW_BLOCK], tl.float32)
             acc = tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32)
-            for j0 in range(j_first, j_last + 1, J_BLOCK):
+            for j0 in tl.range(j_first, j_last + 1, J_BLOCK, num_stages=3):
                 if UNROLL:
                     # the step's partials one [rows, columns] tile each, the sum over them in each thread: as one [J,
                     # rows, columns] tile Triton reduced it across warps through shared memory, at 193 registers a
