@@ -60,6 +60,9 @@ COMBINE_DIM_LEAST = 8
 # tile spread over the threads, which one long sequence's hundreds of partials need (unrolled 64 a step, one 32K
 # sequence at 16 MLA heads took 17.7 us, not 8.6; kernels_h200_2026-12-02_*_grid-13).
 COMBINE_UNROLL_J = 16
+# The steps not software-pipelined: tl.range(num_stages=3) over them (loads two steps ahead, 140 registers at 16
+# partials a step) made every combine slower on the H200, one long 128-head MLA sequence's 6.8 -> 11.0 us and 32 x 1K's
+# 6.5 -> 9.9 (kernels_h200_2026-12-04_*_combine-pipelined against *_grid-wide-bf16; profiler times, eager).
 # A range that straddles two sequences runs a second segment (its query loaded and its first tiles waited for again)
 # and leaves a partial in each. Where the sequences are of one length and fewer than the programs, R a multiple of
 # them puts a boundary between every two: taken where the programs it leaves idle, (most - R) x T tiles, come to at most
@@ -191,7 +194,7 @@ def combine_cut_units(
             m = tl.full([ROW_BLOCK], float("-inf"), tl.float32)
             w = tl.zeros([ROW_BLOCK], tl.float32)
             acc = tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32)
-            for j0 in tl.range(j_first, j_last + 1, J_BLOCK, num_stages=3):
+            for j0 in range(j_first, j_last + 1, J_BLOCK):
                 if UNROLL:
                     # the step's partials one [rows, columns] tile each, the sum over them in each thread: as one [J,
                     # rows, columns] tile Triton reduced it across warps through shared memory, at 193 registers a
