@@ -30,11 +30,35 @@ SASS = """
 def test_the_hot_loop_is_the_innermost_loop_on_the_tensor_cores():
     """Two nested loops with tensor-core instructions: the inner one (4 instructions), with its LDL and STL; the
     LDL after both loops and the forward branch count nowhere."""
-    assert kernel_sass.hot_loop(SASS) == {"instructions": 4, "mma": 1, "LDL": 1, "STL": 1}
+    assert kernel_sass.hot_loop(SASS) == {"first": 0x20, "last": 0x50, "instructions": 4, "mma": 1, "LDL": 1,
+                                          "STL": 1}
 
 
 def test_no_hot_loop_without_tensor_cores():
     assert kernel_sass.hot_loop(SASS.replace("HGMMA", "FFMA").replace("HMMA", "FFMA")) is None
+
+
+# Two partitions' tile loops (0x10-0x30, 0x50-0x70), the first's mbarrier wait retried from past the kernel's end
+# (0x90 branches back to 0x20): that range overlaps the loop and reads as a larger one.
+TWO_PARTITIONS = """
+.L_x_1:
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ ;
+.L_x_9:
+        /*0020*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR5], R2 ;
+        /*0030*/               @P1 BRA `(.L_x_1) ;
+        /*0040*/                   EXIT ;
+.L_x_2:
+        /*0050*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ ;
+        /*0060*/                   LDL R7, [R1+0x10] ;
+        /*0070*/               @P1 BRA `(.L_x_2) ;
+        /*0080*/                   EXIT ;
+        /*0090*/               @!P0 BRA `(.L_x_9) ;
+"""
+
+
+def test_tile_loops_are_each_partitions_loop_not_a_waits_retry():
+    loops = kernel_sass.tile_loops(TWO_PARTITIONS)
+    assert [(loop["first"], loop["last"], loop["LDL"]) for loop in loops] == [(0x10, 0x30, 0), (0x50, 0x70, 1)]
 
 
 def test_ptxas_report():
