@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels_h200 as grid  # noqa: E402
 from kernels_h200 import Cell, bench_graph, rel_err  # noqa: E402
@@ -28,7 +30,6 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    import torch
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     builds = []

@@ -127,6 +127,13 @@ def _tile_landed():
 
 
 @gluon.jit
+def _partial_row(x, first, PART_ROWS: gl.constexpr):
+    """The first row of this program's partial of the sequence starting at tile x: slot 0 for the range's first
+    sequence, 1 for its last (work_split's layout, which combine_cut_units reads)."""
+    return (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * PART_ROWS
+
+
+@gluon.jit
 def _store_segment(o, m, l, rows_o: gl.constexpr, whole, x, first, seq, head_block, o_rows, o_cols, out_ptr,
                    part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, HEADS: gl.constexpr,
                    NUM_HEADS: gl.constexpr, RANK: gl.constexpr, STORE_LSE: gl.constexpr):
@@ -140,7 +147,7 @@ def _store_segment(o, m, l, rows_o: gl.constexpr, whole, x, first, seq, head_blo
         gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16), mask=(heads < NUM_HEADS)[:, None])
     else:
         PART_ROWS: gl.constexpr = HEADS if NUM_HEADS > HEADS else NUM_HEADS
-        at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * PART_ROWS + o_rows
+        at = _partial_row(x, first, PART_ROWS) + o_rows
         held = o_rows < PART_ROWS
         gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o.to(part_out_ptr.dtype.element_ty),
                  mask=held[:, None])

@@ -40,7 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .mla_hopper import _program_range, _segment, _store_segment, _tile_blocks, launch, stamp_gluon
+from .mla_hopper import (_partial_row, _program_range, _segment, _store_segment, _tile_blocks, launch,
+                         stamp_gluon)
 from .work_split import RUN_TIME_INTS
 
 PART_WARPS, WORKER_REGS = 4, 240
@@ -319,7 +320,7 @@ def _seesaw_partition(
                         + ME * HALF, stride_o_head, NUM_HEADS - head_block * HEADS, PART_WARPS_C)
         elif WIDE and part_out_ptr.dtype.element_ty == gl.bfloat16:
             PART_ROWS: gl.constexpr = HEADS if NUM_HEADS > HEADS else NUM_HEADS  # as _store_segment
-            at = (gl.program_id(0) * 2 + (x != first).to(gl.int32)) * PART_ROWS
+            at = _partial_row(x, first, PART_ROWS)
             _store_wide(o.to(gl.bfloat16), v_own, part_out_ptr + at * RANK + ME * HALF, RANK, PART_ROWS, PART_WARPS_C)
             if ME == 0:  # one log-sum-exp
                 gl.store(part_lse_ptr + at + o_rows, gl.convert_layout(m, rows_o) + gl.log2(l_all),
