@@ -18,13 +18,11 @@ slot 0 (its first sequence) or 1 (its last, where that is not also its first: a 
 sequence writes its partial once), which combine_cut_units merges.
 Every program sums seq_lens itself: no host sync.
 """
-import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
 from .dispatch import launches_early, next_pow2, pdl_options, sm_count
-from .tickets import counters
 
 # Integer arguments that change from step to step (how many sequences, the grid, an eager step's block-table width):
 # Triton would compile a variant for each value equal to 1 or divisible by 16 it meets, inside the timed run where the
@@ -68,15 +66,6 @@ COMBINE_DIM_LEAST = 8
 # tile spread over the threads, which one long sequence's hundreds of partials need (unrolled 64 a step, one 32K
 # sequence at 16 MLA heads took 17.7 us, not 8.6; kernels_h200_2026-12-02_*_grid-13).
 COMBINE_UNROLL_J = 16
-# Where a sequence's share of the ranges takes more than this many unrolled steps (one long 128-head MLA sequence: 66
-# partials a 64-head block, 5 steps of 16, each a round trip), it is cut into slices of a step each, a program a slice,
-# and the last slice to finish merges the slices' results (combine_cut_units, SLICES): one round trip for the partials,
-# one for the ticket, one for the slices, where the steps took one each.
-COMBINE_SLICES = True
-COMBINE_SLICE_STEPS = 2
-# Also where one step would take a sequence's partials as one [J, rows, columns] tile (one long sequence at 16 MLA heads
-# or of dense decode: the columns halved down to a sector for it): unrolled steps of COMBINE_UNROLL_J in slices instead.
-COMBINE_SLICE_TILES = False
 # The steps not software-pipelined: tl.range(num_stages=3) over them (loads two steps ahead, 140 registers at 16
 # partials a step) made every combine slower on the H200, one long 128-head MLA sequence's 6.8 -> 11.0 us and 32 x 1K's
 # 6.5 -> 9.9 (kernels_h200_2026-12-04_*_combine-pipelined against *_grid-wide-bf16; profiler times, eager).
@@ -173,91 +162,18 @@ def _partial_lse(part_lse_ptr, j, j_first, j_last, first_slot, unit, rows, row_m
                    mask=(j <= j_last) & row_mask, other=float("-inf"))
 
 
-@triton.jit
-def _merge_steps(part_out_ptr, part_lse_ptr, lo, hi, j_first, first_slot, unit, rows, row_mask, dims, mask,
-                 UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 DIM_BLOCK: tl.constexpr, J_BLOCK: tl.constexpr, UNROLL: tl.constexpr):
-    """The partials of programs lo..hi (of a sequence whose first program is j_first) merged J_BLOCK a step:
-    (max, weight, output) of ROW_BLOCK rows x DIM_BLOCK columns, the output not yet divided by the weight."""
-    m = tl.full([ROW_BLOCK], float("-inf"), tl.float32)
-    w = tl.zeros([ROW_BLOCK], tl.float32)
-    acc = tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32)
-    for j0 in range(lo, hi + 1, J_BLOCK):
-        if UNROLL:
-            # the step's partials one [rows, columns] tile each, the sum over them in each thread: as one [J,
-            # rows, columns] tile Triton reduced it across warps through shared memory, at 193 registers a
-            # thread for 4 x 16 x 64 (2 programs a multiprocessor; decode_ncu_2026-12-02_*_combine-*)
-            m_new = m
-            for jj in tl.static_range(J_BLOCK):
-                m_new = tl.maximum(m_new, _partial_lse(part_lse_ptr, j0 + jj, j_first, hi, first_slot,
-                                                       unit, rows, row_mask, UNITS, ROWS))
-            m_new = tl.where(row_mask, m_new, 0.0)  # padding rows: no -inf - -inf
-            alpha = tl.exp2(m - m_new)
-            acc = acc * alpha[:, None]
-            w = w * alpha
-            for jj in tl.static_range(J_BLOCK):
-                j = j0 + jj
-                p = tl.exp2(_partial_lse(part_lse_ptr, j, j_first, hi, first_slot, unit, rows, row_mask,
-                                         UNITS, ROWS) - m_new)
-                at = _partial_at(j, j_first, first_slot, unit, rows, UNITS, ROWS)
-                o = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :],
-                            mask=(j <= hi) & mask, other=0.0)
-                acc += o * p[:, None]
-                w += p
-        else:
-            # many partials a step (few sequences cut into many ranges): spread over the threads
-            js = j0 + tl.arange(0, J_BLOCK)
-            at = _partial_at(js[:, None], j_first, first_slot, unit, rows[None, :], UNITS, ROWS)  # [J, rows]
-            held = (js <= hi)[:, None] & row_mask[None, :]
-            lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
-            o = tl.load(part_out_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
-                        mask=held[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0)
-            m_new = tl.where(row_mask, tl.maximum(m, tl.max(lse, 0)), 0.0)
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(lse - m_new[None, :])  # [J, rows]
-            acc = acc * alpha[:, None] + tl.sum(o * p[:, :, None], 0)
-            w = w * alpha + tl.sum(p, 0)
-        m = m_new
-    return m, tl.where(row_mask, w, 1.0), acc
-
-
-@triton.jit
-def _merge_slices(slice_out_ptr, slice_lse_ptr, active, rows, dims, ROW_BLOCK: tl.constexpr, DIM_BLOCK: tl.constexpr,
-                  SLICES: tl.constexpr):
-    """The first `active` slices' merges (output divided by its weight, log-sum-exp), as the partials they
-    summarise are merged; read past L1: other programs wrote them during this launch."""
-    m = tl.full([ROW_BLOCK], float("-inf"), tl.float32)
-    for s in tl.static_range(SLICES):
-        m = tl.maximum(m, tl.load(slice_lse_ptr + s * ROW_BLOCK + rows, mask=s < active, other=float("-inf"),
-                                  cache_modifier=".cg"))
-    w = tl.zeros([ROW_BLOCK], tl.float32)
-    acc = tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32)
-    for s in tl.static_range(SLICES):
-        p = tl.exp2(tl.load(slice_lse_ptr + s * ROW_BLOCK + rows, mask=s < active, other=float("-inf"),
-                            cache_modifier=".cg") - m)
-        o = tl.load(slice_out_ptr + s * ROW_BLOCK * DIM_BLOCK + rows[:, None] * DIM_BLOCK + dims[None, :],
-                    mask=s < active, other=0.0, cache_modifier=".cg")
-        acc += o * p[:, None]
-        w += p
-    return acc / w[:, None]
-
-
 @triton.jit(do_not_specialize=RUN_TIME_INTS[:2])
 def combine_cut_units(
-    part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, slice_out_ptr, slice_lse_ptr, tickets_ptr, num_seqs,
-    num_programs, stride_o_seq, stride_o_head,
+    part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_seqs, num_programs,
+    stride_o_seq, stride_o_head,
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
-    J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, SLICES: tl.constexpr, MIN_TILES: tl.constexpr, ALIGN: tl.constexpr,
-    PDL: tl.constexpr,
+    J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, MIN_TILES: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Grid (sequence, unit x row block, slice x DIM_BLOCK columns). If range boundaries cut the sequence in this
+    """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
     unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
     programs' partials per step, into the output of ROW_BLOCK of the unit's ROWS heads. Whole ones were
-    written already; empty sequences get zeros here.
-    SLICES > 1 (few sequences of many partials): the sequence's partials are cut into up to SLICES slices of at
-    least J_BLOCK, one a program, each merged in one step where the lengths are equal; a slice's merge is stored
-    (slice_out, slice_lse), and the last of the slices to finish, by a ticket (kernels/tickets.py), merges them."""
+    written already; empty sequences get zeros here."""
     seq = tl.program_id(0)
     row_blocks = tl.cdiv(ROWS, ROW_BLOCK)
     unit = tl.program_id(1) // row_blocks
@@ -269,19 +185,11 @@ def combine_cut_units(
     rows = tl.program_id(1) % row_blocks * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
     heads = unit * ROWS + rows
     row_mask = (rows < ROWS) & (heads < NUM_HEADS)
-    if SLICES > 1:
-        dim_blocks = tl.cdiv(HEAD_DIM, DIM_BLOCK)
-        part = tl.program_id(2) // dim_blocks
-        dim_block = tl.program_id(2) % dim_blocks
-    else:
-        part = 0
-        dim_block = tl.program_id(2)
-    dims = dim_block * DIM_BLOCK + tl.arange(0, DIM_BLOCK)
+    dims = tl.program_id(2) * DIM_BLOCK + tl.arange(0, DIM_BLOCK)
     mask = row_mask[:, None] & (dims < HEAD_DIM)[None, :]
     o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
     if n == 0:
-        if part == 0:
-            tl.store(o_ptrs, tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(o_ptrs, tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
     else:
         seq_end = tl.sum(tl.where(seqs == seq, ends, 0), 0)
         j_first = program_of(seq_end - n, ranges, total)
@@ -289,36 +197,47 @@ def combine_cut_units(
         if j_first != j_last:
             # the first program holds it in slot 1 where its range began before the sequence, else in slot 0
             first_slot = (program_start(j_first, ranges, total) < seq_end - n).to(tl.int32)
-            if SLICES > 1:
-                per = tl.maximum(tl.cdiv(j_last - j_first + 1, SLICES), J_BLOCK)
-                active = tl.cdiv(j_last - j_first + 1, per)
-                lo = j_first + part * per
-                hi = tl.minimum(lo + per, j_last + 1) - 1
-            else:
-                active = 1
-                lo = j_first
-                hi = j_last
-            if part < active:
-                m, w, acc = _merge_steps(part_out_ptr, part_lse_ptr, lo, hi, j_first, first_slot, unit, rows,
-                                         row_mask, dims, mask, UNITS, ROWS, ROW_BLOCK, HEAD_DIM, DIM_BLOCK, J_BLOCK,
-                                         UNROLL)
-                if active == 1:
-                    tl.store(o_ptrs, (acc / w[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+            m = tl.full([ROW_BLOCK], float("-inf"), tl.float32)
+            w = tl.zeros([ROW_BLOCK], tl.float32)
+            acc = tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32)
+            for j0 in range(j_first, j_last + 1, J_BLOCK):
+                if UNROLL:
+                    # the step's partials one [rows, columns] tile each, the sum over them in each thread: as one [J,
+                    # rows, columns] tile Triton reduced it across warps through shared memory, at 193 registers a
+                    # thread for 4 x 16 x 64 (2 programs a multiprocessor; decode_ncu_2026-12-02_*_combine-*)
+                    m_new = m
+                    for jj in tl.static_range(J_BLOCK):
+                        m_new = tl.maximum(m_new, _partial_lse(part_lse_ptr, j0 + jj, j_first, j_last, first_slot,
+                                                               unit, rows, row_mask, UNITS, ROWS))
+                    m_new = tl.where(row_mask, m_new, 0.0)  # padding rows: no -inf - -inf
+                    alpha = tl.exp2(m - m_new)
+                    acc = acc * alpha[:, None]
+                    w = w * alpha
+                    for jj in tl.static_range(J_BLOCK):
+                        j = j0 + jj
+                        p = tl.exp2(_partial_lse(part_lse_ptr, j, j_first, j_last, first_slot, unit, rows, row_mask,
+                                                 UNITS, ROWS) - m_new)
+                        at = _partial_at(j, j_first, first_slot, unit, rows, UNITS, ROWS)
+                        o = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :],
+                                    mask=(j <= j_last) & mask, other=0.0)
+                        acc += o * p[:, None]
+                        w += p
                 else:
-                    group = (seq * tl.num_programs(1) + tl.program_id(1)) * tl.cdiv(HEAD_DIM, DIM_BLOCK) + dim_block
-                    at = group * SLICES
-                    local = tl.arange(0, ROW_BLOCK)
-                    tl.store(slice_out_ptr + ((at + part) * ROW_BLOCK + local[:, None]) * DIM_BLOCK
-                             + tl.arange(0, DIM_BLOCK)[None, :], acc / w[:, None])
-                    tl.store(slice_lse_ptr + (at + part) * ROW_BLOCK + local, m + tl.log2(w))
-                    tl.debug_barrier()  # every thread's slice stored before the ticket releases it
-                    if tl.atomic_add(tickets_ptr + group, 1) == active - 1:  # acq_rel: the others' are visible
-                        tl.debug_barrier()
-                        merged = _merge_slices(slice_out_ptr + at * ROW_BLOCK * DIM_BLOCK,
-                                               slice_lse_ptr + at * ROW_BLOCK, active, local,
-                                               tl.arange(0, DIM_BLOCK), ROW_BLOCK, DIM_BLOCK, SLICES)
-                        tl.store(o_ptrs, merged.to(out_ptr.dtype.element_ty), mask=mask)
-                        tl.store(tickets_ptr + group, 0)  # ready for the next launch
+                    # many partials a step (few sequences cut into many ranges): spread over the threads
+                    js = j0 + tl.arange(0, J_BLOCK)
+                    at = _partial_at(js[:, None], j_first, first_slot, unit, rows[None, :], UNITS, ROWS)  # [J, rows]
+                    held = (js <= j_last)[:, None] & row_mask[None, :]
+                    lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
+                    o = tl.load(part_out_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
+                                mask=held[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0)
+                    m_new = tl.where(row_mask, tl.maximum(m, tl.max(lse, 0)), 0.0)
+                    alpha = tl.exp2(m - m_new)
+                    p = tl.exp2(lse - m_new[None, :])  # [J, rows]
+                    acc = acc * alpha[:, None] + tl.sum(o * p[:, :, None], 0)
+                    w = w * alpha + tl.sum(p, 0)
+                m = m_new
+            w = tl.where(row_mask, w, 1.0)
+            tl.store(o_ptrs, (acc / w[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
@@ -348,36 +267,22 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
             break
     # partials a step: about as many as a sequence has, were the lengths equal (its share of the unit's ranges, + 1
     # for the cuts), so few are masked; a power of two from 2 to J_SPLIT, 8 variants to compile at most
-    share = num_programs // (units * seqs) + 1
-    wanted = min(max(2, next_pow2(share)), COMBINE_J_SPLIT)
+    wanted = min(max(2, next_pow2(num_programs // (units * seqs) + 1)), COMBINE_J_SPLIT)
 
     def j_block():
         return min(wanted, max(1, COMBINE_MAX_TILE // (row_block * dim_block)))
 
-    # many partials a step as one tile, or (COMBINE_SLICE_TILES) unrolled steps in slices
-    slice_tiles = COMBINE_SLICES and COMBINE_SLICE_TILES and COMBINE_UNROLL_J < j_block()
-    while not slice_tiles and COMBINE_UNROLL_J < j_block() < wanted and dim_block > COMBINE_DIM_LEAST:
+    while COMBINE_UNROLL_J < j_block() < wanted and dim_block > COMBINE_DIM_LEAST:
         dim_block //= 2
     if (COMBINE_WIDE_BF16 and part_out.element_size() == 2 and dim_block == COMBINE_DIM_BLOCK < head_dim
             and programs() >= 4 * sm_count(out.device)
             and min(wanted, COMBINE_MAX_TILE // (row_block * 2 * dim_block)) >= wanted // 2):
         dim_block *= 2
-    j_block = min(j_block(), COMBINE_UNROLL_J) if slice_tiles else j_block()
-    unroll = j_block <= COMBINE_UNROLL_J
-    # a sequence's share of the ranges in unrolled steps: more than COMBINE_SLICE_STEPS of them go to that many slices
-    steps = triton.cdiv(share, j_block)
-    slices = steps if COMBINE_SLICES and unroll and steps > COMBINE_SLICE_STEPS else 1
-    row_blocks, dim_blocks = units * triton.cdiv(rows, row_block), triton.cdiv(head_dim, dim_block)
-    slice_out = slice_lse = tickets = part_lse  # unused with one slice
-    if slices > 1:
-        groups = num_seqs * row_blocks * dim_blocks
-        slice_out = torch.empty(groups * slices * row_block * dim_block, device=out.device, dtype=torch.float32)
-        slice_lse = torch.empty(groups * slices * row_block, device=out.device, dtype=torch.float32)
-        tickets = counters(out.device, groups, "combine_cut_units")
-    combine_cut_units[(num_seqs, row_blocks, slices * dim_blocks)](
-        part_out, part_lse, seq_lens, out, slice_out, slice_lse, tickets, num_seqs, num_programs, out.stride(0),
-        out.stride(1), NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
+    j_block = j_block()
+    combine_cut_units[(num_seqs, units * triton.cdiv(rows, row_block), triton.cdiv(head_dim, dim_block))](
+        part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
         HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
-        UNROLL=unroll, SLICES=slices, MIN_TILES=min_tiles, ALIGN=align, **pdl_options(launches_early(out.device)),
+        UNROLL=j_block <= COMBINE_UNROLL_J, MIN_TILES=min_tiles, ALIGN=align, **pdl_options(launches_early(out.device)),
         num_warps=4,
     )

@@ -30,13 +30,8 @@ def combine(monkeypatch, *, seqs, units, rows, head_dim, programs, partials=torc
                               num_heads=units * rows, units=units, rows=rows, head_dim=head_dim, block_n=64,
                               min_tiles=2)
     c = launch.consts
-    programs = launch.grid[0] * launch.grid[1] * launch.grid[2] // c["SLICES"]
+    programs = launch.grid[0] * launch.grid[1] * launch.grid[2]
     return programs, (c["J_BLOCK"], c["ROW_BLOCK"], c["DIM_BLOCK"])
-
-
-def slices(monkeypatch, **shape):
-    combine(monkeypatch, **shape)
-    return work_split.combine_cut_units.consts["SLICES"]
 
 
 def test_128_mla_heads_at_batch_8_fill_the_gpu_without_thousands_of_programs(monkeypatch):
@@ -97,17 +92,3 @@ def test_any_batch_compiles_the_combine_of_a_power_of_two(monkeypatch, units, ro
 
     for seqs in range(1, 65):
         assert consts(seqs) == consts(1 << (seqs - 1).bit_length()), seqs
-
-
-def test_a_sequence_of_more_than_two_unrolled_steps_of_partials_is_merged_in_slices(monkeypatch):
-    # one 128-head sequence: 66 partials a 64-head block, 5 steps of 16 -> 5 slices of a step (a round trip each)
-    assert slices(monkeypatch, seqs=1, units=2, rows=64, head_dim=512, programs=132) == 5
-    # 8 sequences: ~9 partials each, 3 steps of 4 at 16 rows -> 3 slices
-    assert slices(monkeypatch, seqs=8, units=2, rows=64, head_dim=512, programs=132) == 3
-    # 32 sequences: a step holds a sequence's partials
-    assert slices(monkeypatch, seqs=32, units=2, rows=64, head_dim=512, programs=132) == 1
-    # one 16-head or dense sequence: one step of all its partials as one tile, not sliced
-    assert slices(monkeypatch, seqs=1, units=1, rows=16, head_dim=512, programs=132) == 1
-    assert slices(monkeypatch, seqs=1, units=4, rows=7, head_dim=128, programs=396) == 1
-    monkeypatch.setattr(work_split, "COMBINE_SLICES", False)
-    assert slices(monkeypatch, seqs=1, units=2, rows=64, head_dim=512, programs=132) == 1

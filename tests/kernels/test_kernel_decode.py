@@ -83,35 +83,6 @@ def test_one_long_sequence_merged_from_more_partials_than_a_combine_step_takes(m
         assert_close(paged_decode(*case, out=poisoned(case[0]), num_programs=num_programs), fp32_reference(*case))
 
 
-@pytest.mark.parametrize("slices", [False, True], ids=["steps", "slices"])
-def test_few_sequences_of_many_partials_merged_a_slice_a_program(monkeypatch, slices):
-    """Two sequences over 24 ranges a KV head: a step takes 4 partials (J_SPLIT), so a sequence's ~13 take 4 steps, or
-    4 slices of a step, the last slice to finish merging them (kernels/tickets.py). The short sequence's 2 partials
-    fit one slice, merged straight into the output. Run twice: each launch leaves the tickets at zero."""
-    from kernels import tickets, work_split
-
-    monkeypatch.setattr(work_split, "COMBINE_SLICES", slices)
-    monkeypatch.setattr(work_split, "COMBINE_J_SPLIT", 4)
-    monkeypatch.setattr(tickets, "_counters", {})
-    launched = []
-    kernel = work_split.combine_cut_units
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **consts):
-                launched.append(consts["SLICES"])
-                return kernel[grid](*args, **consts)
-            return launch
-
-    monkeypatch.setattr(work_split, "combine_cut_units", Spy())
-    case = make_case(5, 8, 8, 2, lengths=[16 * 20 + 3, 16 * 2 + 1])  # 21 tiles of 16 keys and 3
-    ref = fp32_reference(*case)
-    for _ in range(2):
-        assert_close(paged_decode(*case, out=poisoned(case[0]), num_programs=2 * 24), ref)
-    assert launched == ([4, 4] if slices else [1, 1])
-    assert not slices or int(tickets.counters(torch.device("cpu"), 1, "tests").abs().sum()) == 0
-
-
 @pytest.mark.parametrize("head_dim", [24, 64])
 def test_head_dims_that_need_masking_or_more_width(head_dim):
     case = make_case(head_dim, 16, 8, 2, head_dim=head_dim)
