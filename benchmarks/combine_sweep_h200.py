@@ -1,6 +1,8 @@
-"""Decode's combine (kernels/work_split.py merge_partials) at other tilings, on the small-batch decode cells where it is
-a fifth of the layer: each setting patches the module's constants, rebuilds every cell's CUDA graph, checks the
+"""Decode's combine (kernels/work_split.py merge_partials) in other settings, on the small-batch decode cells where it
+is a fifth of the layer: each setting patches the module's constants, rebuilds every cell's CUDA graph, checks the
 output against float32 and times the layer (graph replays, L2 flushed, the attention kernel and the combine).
+Settings run in the order given and then again reversed, so that a drift of the machine shows as a difference between
+a setting's two times.
 
     PYTHONUNBUFFERED=1 python benchmarks/combine_sweep_h200.py [--out DIR]
 
@@ -21,8 +23,12 @@ from kernels import work_split  # noqa: E402
 CELLS = [Cell(grid.MLA_DECODE, b, k * 1024, 1, heads, 1, 512, 64)
          for heads, b, k in ((128, 32, 1), (128, 8, 4), (128, 1, 32), (128, 256, 1), (16, 8, 4), (16, 1, 64))]
 CELLS += [Cell(grid.DECODE, b, k * 1024, 1, 28, 4, 128) for b, k in ((32, 1), (1, 32))]
-# (COMBINE_DIM_BLOCK, COMBINE_MAX_TILE): output columns a program, elements a step; the first is the default
-SETTINGS = [(work_split.COMBINE_DIM_BLOCK, work_split.COMBINE_MAX_TILE), (128, 4096), (128, 8192), (256, 8192)]
+# (name, the module's constants it sets); the first is the default. Run before: 2026-12-04 (combine_sweep_h200_2026-12-04_
+# nvidia-h200.*), the columns a program and elements a step, (64, 4096) against (128, 4096), (128, 8192), (256, 8192);
+# 2026-12-04 (*_slices.*), a sequence's partials merged in slices of a step, a program each, by tickets (reverted:
+# d2f4f34).
+SETTINGS = [("default", {}), ("128 columns", {"COMBINE_DIM_BLOCK": 128}),
+            ("128 columns, 8192", {"COMBINE_DIM_BLOCK": 128, "COMBINE_MAX_TILE": 8192})]
 
 
 def main():
@@ -38,23 +44,27 @@ def main():
         build = (grid.mla_decode_cell if c.family == grid.MLA_DECODE else grid.decode_cell)(c, layers, gen)
         builds.append((c, layers, build, build["reference"]()))
     rows = []
-    for dim_block, max_tile in SETTINGS:
-        work_split.COMBINE_DIM_BLOCK, work_split.COMBINE_MAX_TILE = dim_block, max_tile
+    defaults = {name: getattr(work_split, name) for _, changes in SETTINGS for name in changes}
+    for setting, changes in SETTINGS + SETTINGS[::-1]:
+        for name, value in {**defaults, **changes}.items():
+            setattr(work_split, name, value)
         for c, layers, build, ref in builds:
             err = rel_err(build["output"](), ref)
             us = bench_graph(build["step"], grid.replays_for(0.05)) / layers * 1e3
-            rows.append({"cell": c.name, "dim_block": dim_block, "max_tile": max_tile, "us": us, "rel_err": err,
-                         "ok": err < grid.BF16_BOUND})
+            rows.append({"cell": c.name, "setting": setting, "us": us, "rel_err": err, "ok": err < grid.BF16_BOUND})
             print(json.dumps(rows[-1]), flush=True)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     with open(os.path.join(args.out, "combine_sweep_h200.json"), "w") as f:
         json.dump({"device": device, "torch": torch.__version__, "rows": rows}, f, indent=1)
     names = [c.name for c in CELLS]
-    print(f"\n{'cell':24}" + "".join(f"{f'{d}/{t}':>12}" for d, t in SETTINGS) + "   (us a layer; columns a "
-          "program / elements a step)")
-    for name in names:
-        mine = {(r["dim_block"], r["max_tile"]): r for r in rows if r["cell"] == name}
-        print(f"{name:24}" + "".join(f"{mine[s]['us']:11.1f}{'' if mine[s]['ok'] else '!'}" + " " for s in SETTINGS))
+    print(f"\n{'cell':24}" + "".join(f"{name:>18}" for name, _ in SETTINGS) + "   (us a layer: first run, second)")
+    for cell in names:
+        line = f"{cell:24}"
+        for name, _ in SETTINGS:
+            mine = [r for r in rows if r["cell"] == cell and r["setting"] == name]
+            times = " / ".join(f"{r['us']:.1f}" for r in mine)
+            line += f"{times:>17}{'' if all(r['ok'] for r in mine) else '!'} "
+        print(line)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

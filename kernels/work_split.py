@@ -66,6 +66,10 @@ COMBINE_DIM_LEAST = 8
 # tile spread over the threads, which one long sequence's hundreds of partials need (unrolled 64 a step, one 32K
 # sequence at 16 MLA heads took 17.7 us, not 8.6; kernels_h200_2026-12-02_*_grid-13).
 COMBINE_UNROLL_J = 16
+# Nor cut into slices, a program a slice of one step, the last slice to finish (a ticket) merging them: one 128-head
+# 32K sequence's combine 6.7 -> 10.3 us, the layer 33.3 -> 37.1 (combine_sweep_h200_2026-12-04_*_slices; 4a60ee8,
+# reverted). ptxas issues a step's loads together already (a round trip a step); 1280 programs were two waves, and the
+# ticket and the slices' merge two more round trips.
 # The steps not software-pipelined: tl.range(num_stages=3) over them (loads two steps ahead, 140 registers at 16
 # partials a step) made every combine slower on the H200, one long 128-head MLA sequence's 6.8 -> 11.0 us and 32 x 1K's
 # 6.5 -> 9.9 (kernels_h200_2026-12-04_*_combine-pipelined against *_grid-wide-bf16; profiler times, eager).
