@@ -47,14 +47,10 @@ def triton_config(heads):
 # "seesaw-tma" / "seesaw-cp": the seesaw's tiles copied by TMA / by cp.async (kernels/mla_seesaw.py TMA_LOADS);
 # "seesaw-f32": float32 partials, stored from the accumulators' layout (bf16 outputs staged, WIDE_STORE);
 # "seesaw-narrow": the default before 2026-12-04's wide-bf16 runs, float32 partials and every store from the
-# accumulators' layout. "seesaw-unlean": without kernels/mla_seesaw.py's LEAN (the scale, the mask and the fences as
-# before); "seesaw-c2" / "-c4": its CHUNKS, a barrier a chunk of 128 / 64 columns of a tile half. "seesaw-again": the
-# default once more, last, so that a drift of the machine within the run shows.
+# accumulators' layout.
 VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-f32": {**SEESAW, "partials": "float32"},
             "seesaw-tma": {**SEESAW, "tma_loads": True}, "seesaw-cp": {**SEESAW, "tma_loads": False},
-            "seesaw-narrow": {**SEESAW, "partials": "float32", "wide_store": False},
-            "seesaw-unlean": {**SEESAW, "lean": False}, "seesaw-c2": {**SEESAW, "chunks": 2},
-            "seesaw-c4": {**SEESAW, "chunks": 4}, "seesaw-again": SEESAW}
+            "seesaw-narrow": {**SEESAW, "partials": "float32", "wide_store": False}}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)
 CHECKS = [
     (128, [1, 17, 64, 65, 1000, 4097], 16, None),

@@ -60,14 +60,6 @@ TMA_LOADS = True
 # loads moved for it) they were 1.06-1.08x slower on small batches (mla_hopper_h200_2026-12-04_*_wide-store: 128h
 # b32 x 1K 37.8 -> 40.2 us).
 WIDE_STORE = True
-# LEAN: the softmax's scale folded into the exponentials' FMA and the row max (FlashMLA's way), the mask applied only to
-# a segment's last tile (the one past the sequence's end), and no proxy fence after waits on TMA's copies (the async
-# proxy writes, wgmma reads through it; only a tile copied by cp.async, a sequence's last, needs one).
-LEAN = True
-# CHUNKS: a barrier a chunk of 256 / CHUNKS columns of each tile half (FlashMLA's sm_90 decode: one a 64-column chunk),
-# each partition's scores begun on a chunk as soon as it lands, not on its whole half (the waits on a half's copies
-# were ~12% of the stall samples at 128h b256 x 4K: decode_ncu_2026-12-04_*_seesaw-tma-*).
-CHUNKS = 1
 SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
@@ -76,36 +68,29 @@ WORKER_REGS_C = gl.constexpr(WORKER_REGS)
 @gluon.jit
 def _load_half(k_lat_s, k_pe_s, BUF: gl.constexpr, HALF_IDX: gl.constexpr, ready, cache_ptr, bt_row, t0, end,
                stride_c_block, stride_c_tok, RANK: gl.constexpr, BLOCK_SIZE: gl.constexpr, ld: gl.constexpr,
-               descs, TMA: gl.constexpr, CHUNKS: gl.constexpr):
+               descs, TMA: gl.constexpr):
     """Half HALF_IDX (256 latent columns) of the tile at token t0 into buffer BUF, with the tile's rope keys where the
-    buffer is the other partition's (BUF != HALF_IDX); the copies arrive on the half's CHUNKS barriers of `ready`
-    (_ready), a barrier a chunk of its columns (the rope keys on the last), as they land. TMA (descs: the cache's
-    latent and rope views, a cache block a box): a tile within the sequence is copied by TMA, one thread's copies,
-    chunk by chunk; the sequence's last tile by cp.async, whose rows past `end` are zero-filled (0 x NaN from a slot
-    nobody wrote would reach the output: their scores are masked, not their values), every chunk's barrier waiting
-    on all of its copies."""
+    buffer is the other partition's (BUF != HALF_IDX); the copies arrive on `ready` as they land. TMA (descs: the
+    cache's latent and rope views, a cache block a box): a tile within the sequence is copied by TMA, one thread's
+    copies; the sequence's last tile by cp.async, whose rows past `end` are zero-filled (0 x NaN from a slot nobody
+    wrote would reach the output: their scores are masked, not their values)."""
     HALF: gl.constexpr = RANK // 2
-    WIDTH: gl.constexpr = HALF // CHUNKS
     if TMA and t0 + 64 <= end:
         lat_desc, pe_desc = descs
         BOX: gl.constexpr = lat_desc.block_type.shape[0]
         gl.thread_barrier()  # every warp of the partition is done with what the copies overwrite
-        for c in gl.static_range(CHUNKS):
-            if BUF != HALF_IDX and c == CHUNKS - 1:
-                mbarrier.expect(_ready(ready, BUF, HALF_IDX, c, CHUNKS),
-                                (64 // BOX) * (lat_desc.block_type.nbytes + pe_desc.block_type.nbytes))
-            else:
-                mbarrier.expect(_ready(ready, BUF, HALF_IDX, c, CHUNKS), (64 // BOX) * lat_desc.block_type.nbytes)
-        for c in gl.static_range(CHUNKS):  # (the chunk's first column: HALF_IDX * HALF + c * WIDTH)
-            for j in gl.static_range(64 // BOX):
-                box_tok = t0 + j * BOX  # the box's first token; its row in the cache's [tokens, 576] view
-                box_row = gl.load(bt_row + box_tok // BLOCK_SIZE) * BLOCK_SIZE + box_tok % BLOCK_SIZE
-                tma.async_copy_global_to_shared(
-                    lat_desc, [box_row, HALF_IDX * HALF + c * WIDTH], _ready(ready, BUF, HALF_IDX, c, CHUNKS),
-                    k_lat_s.index(BUF).slice(HALF_IDX * HALF + c * WIDTH, WIDTH, dim=1).slice(j * BOX, BOX))
-                if BUF != HALF_IDX and c == CHUNKS - 1:
-                    tma.async_copy_global_to_shared(pe_desc, [box_row, RANK], _ready(ready, BUF, HALF_IDX, c, CHUNKS),
-                                                    k_pe_s.index(BUF).slice(j * BOX, BOX))
+        if BUF != HALF_IDX:
+            mbarrier.expect(ready, (64 // BOX) * (lat_desc.block_type.nbytes + pe_desc.block_type.nbytes))
+        else:
+            mbarrier.expect(ready, (64 // BOX) * lat_desc.block_type.nbytes)
+        for j in gl.static_range(64 // BOX):
+            box_tok = t0 + j * BOX  # the box's first token; its row in the cache's [tokens, 576] view
+            box_row = gl.load(bt_row + box_tok // BLOCK_SIZE) * BLOCK_SIZE + box_tok % BLOCK_SIZE
+            tma.async_copy_global_to_shared(lat_desc, [box_row, HALF_IDX * HALF], ready,
+                                            k_lat_s.index(BUF).slice(HALF_IDX * HALF, HALF, dim=1).slice(j * BOX, BOX))
+            if BUF != HALF_IDX:
+                tma.async_copy_global_to_shared(pe_desc, [box_row, RANK], ready,
+                                                k_pe_s.index(BUF).slice(j * BOX, BOX))
     else:  # cp.async, every thread its rows' columns (a tile past the sequence's end: those rows zero-filled)
         toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
         tok = t0 + toks
@@ -118,28 +103,12 @@ def _load_half(k_lat_s, k_pe_s, BUF: gl.constexpr, HALF_IDX: gl.constexpr, ready
         if BUF != HALF_IDX:
             pe_cols = RANK + gl.arange(0, 64, gl.SliceLayout(0, ld))
             cp.async_copy_global_to_shared(k_pe_s.index(BUF), row[:, None] + pe_cols[None, :], mask=valid)
-        for c in gl.static_range(CHUNKS):
-            if TMA:  # the barrier counts one arrival: each thread's copies hold its phase open until they land
-                cp.mbarrier_arrive(_ready(ready, BUF, HALF_IDX, c, CHUNKS))
-            else:
-                # every thread's copies, counted as they land
-                cp.mbarrier_arrive(_ready(ready, BUF, HALF_IDX, c, CHUNKS), increment_count=False)
-        if TMA:
+        if TMA:  # the barrier counts one arrival: each thread's copies hold its phase open until they land
+            cp.mbarrier_arrive(ready)
             gl.thread_barrier()
-            for c in gl.static_range(CHUNKS):
-                mbarrier.arrive(_ready(ready, BUF, HALF_IDX, c, CHUNKS), count=1)
-
-
-@gluon.jit
-def _ready(ready, BUF: gl.constexpr, HALF_IDX: gl.constexpr, c: gl.constexpr, CHUNKS: gl.constexpr):
-    """The barrier of chunk c of buffer BUF's half HALF_IDX: ready holds [buffer][half][chunk]."""
-    return ready.index((BUF * 2 + HALF_IDX) * CHUNKS + c)
-
-
-@gluon.jit
-def _wait_half(ready, BUF: gl.constexpr, HALF_IDX: gl.constexpr, phase, CHUNKS: gl.constexpr):
-    for c in gl.static_range(CHUNKS):
-        mbarrier.wait(_ready(ready, BUF, HALF_IDX, c, CHUNKS), phase)
+            mbarrier.arrive(ready, count=1)
+        else:
+            cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
 
 
 @gluon.jit
@@ -161,64 +130,31 @@ def _store_wide(o, stage, base, row_stride, rows_valid, PART_WARPS: gl.constexpr
 
 
 @gluon.jit
-def _copied(fenced):
-    """After a wait on a tile's copies: the proxy fence that cp.async's copies need before wgmma reads them, where
-    `fenced` (TMA's copies land through the async proxy, which wgmma reads by)."""
-    if fenced:
-        fence_async_shared()
-
-
-@gluon.jit
-def _scores(ME: gl.constexpr, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, phase, fenced, HALF: gl.constexpr,
-            s_layout: gl.constexpr, CHUNKS: gl.constexpr):
-    """This partition's tile (buffer ME) against the query: its own half first, chunk by chunk as each chunk's copies
-    land, then the other half and the rope keys, which the other partition loads. z: 0, not provably (see the loop).
-    fenced: _copied's."""
-    s = _score_half(ME, ME, q_lat_s, k_lat_s, ready, z, phase, fenced, gl.zeros([64, 64], gl.float32, s_layout),
-                    HALF, CHUNKS)
-    s = _score_half(ME, 1 - ME, q_lat_s, k_lat_s, ready, z, phase, fenced, s, HALF, CHUNKS)
+def _scores(ME: gl.constexpr, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, phase, HALF: gl.constexpr,
+            s_layout: gl.constexpr):
+    """This partition's tile (buffer ME) against the query: its own half first, as soon as its copies land, then
+    the other half and the rope keys, which the other partition loads. z: 0, not provably (see the loop)."""
+    mbarrier.wait(ready.index(3 * ME), phase)  # buffer ME, half ME
+    fence_async_shared()  # the copies' data, for the async proxy (wgmma)
+    s = warpgroup_mma(q_lat_s.index(z).slice(ME * HALF, HALF, dim=1),
+                      k_lat_s.index(ME + z).slice(ME * HALF, HALF, dim=1).permute((1, 0)),
+                      gl.zeros([64, 64], gl.float32, s_layout), is_async=True)
+    mbarrier.wait(ready.index(ME + 1), phase)  # buffer ME, half 1 - ME and the rope keys
+    fence_async_shared()
+    s = warpgroup_mma(q_lat_s.index(z).slice((1 - ME) * HALF, HALF, dim=1),
+                      k_lat_s.index(ME + z).slice((1 - ME) * HALF, HALF, dim=1).permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(0, deps=[warpgroup_mma(q_pe_s.index(z), k_pe_s.index(ME + z).permute((1, 0)), s,
                                                      is_async=True)])
 
 
 @gluon.jit
-def _score_half(ME: gl.constexpr, HALF_IDX: gl.constexpr, q_lat_s, k_lat_s, ready, z, phase, fenced, s,
-                HALF: gl.constexpr, CHUNKS: gl.constexpr):
-    """_scores' products over half HALF_IDX of buffer ME, a chunk as soon as it lands (the last: + the rope keys)."""
-    WIDTH: gl.constexpr = HALF // CHUNKS
-    for c in gl.static_range(CHUNKS):
-        mbarrier.wait(_ready(ready, ME, HALF_IDX, c, CHUNKS), phase)
-        _copied(fenced)
-        s = warpgroup_mma(q_lat_s.index(z).slice(HALF_IDX * HALF + c * WIDTH, WIDTH, dim=1),
-                          k_lat_s.index(ME + z).slice(HALF_IDX * HALF + c * WIDTH, WIDTH, dim=1).permute((1, 0)), s,
-                          is_async=True)
-    return s
-
-
-@gluon.jit
-def _masked(s, first_token, end, s_cols, qk_scale, LEAN: gl.constexpr):
-    """A tile's scores, the keys past the sequence's end at -inf; scaled by qk_scale unless LEAN (_publish_p scales
-    them then), and masked only on the tile that reaches past the end."""
-    if LEAN:
-        if first_token + 64 > end:
-            s = gl.where(((first_token + s_cols) < end)[None, :], s, float("-inf"))
-    else:
-        s = gl.where(((first_token + s_cols) < end)[None, :], s * qk_scale, float("-inf"))
-    return s
-
-
-@gluon.jit
-def _publish_p(s, m, l, m_slot, p_slot, published, qk_scale, LEAN: gl.constexpr):
-    """A tile's softmax step from its scores (scaled already unless LEAN): the new running max, the old frame's factor,
-    the row sums, and P in bf16, with the max and P stored for the other partition (P in the tile's rope slot: its
-    scores are done with the rope keys) and `published` arrived on."""
-    if LEAN:  # the scale in the max (it is positive) and in the exponentials' FMA
-        m_new = gl.maximum(m, gl.max(s, axis=1) * qk_scale)
-        p = gl.exp2(s * qk_scale - m_new[:, None])
-    else:
-        m_new = gl.maximum(m, gl.max(s, axis=1))
-        p = gl.exp2(s - m_new[:, None])
+def _publish_p(s, m, l, m_slot, p_slot, published):
+    """A tile's softmax step from its scaled scores: the new running max, the old frame's factor, the row sums, and
+    P in bf16, with the max and P stored for the other partition (P in the tile's rope slot: its scores are done with
+    the rope keys) and `published` arrived on."""
+    m_new = gl.maximum(m, gl.max(s, axis=1))
     alpha = gl.exp2(m - m_new)
+    p = gl.exp2(s - m_new[:, None])
     l = l * alpha + gl.sum(p, axis=1)
     p16 = p.to(gl.bfloat16)
     m_slot.store(m_new)
@@ -238,7 +174,7 @@ def _seesaw_partition(
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    descs, TMA: gl.constexpr, WIDE: gl.constexpr, LEAN: gl.constexpr, CHUNKS: gl.constexpr,
+    descs, TMA: gl.constexpr, WIDE: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -289,12 +225,12 @@ def _seesaw_partition(
             cp.async_copy_global_to_shared(q_pe_s.index(0), q_pe_ptr + seq * stride_qp_seq
                                            + q_heads[:, None] * stride_qp_head + pe_cols[None, :], mask=q_rows)
             cp.mbarrier_arrive(q_ready, increment_count=False)
-        _load_half(k_lat_s, k_pe_s, 0, ME, ready, cache_ptr, bt_row, start, end, stride_c_block,
-                   stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA, CHUNKS)
+        _load_half(k_lat_s, k_pe_s, 0, ME, ready.index(ME), cache_ptr, bt_row, start, end, stride_c_block,
+                   stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
         fills_0 += 1
         if count > 1:
-            _load_half(k_lat_s, k_pe_s, 1, ME, ready, cache_ptr, bt_row, start + 64, end,
-                       stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA, CHUNKS)
+            _load_half(k_lat_s, k_pe_s, 1, ME, ready.index(2 + ME), cache_ptr, bt_row, start + 64, end,
+                       stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
             fills_1 += 1
         mbarrier.wait(q_ready, segments & 1)
 
@@ -308,63 +244,55 @@ def _seesaw_partition(
             # z: 0, but not provably: the scores' 72 wgmma descriptors (64-bit) are then made at each pair, not
             # hoisted out of the loop and held (ptxas: 255 registers, 45 local loads a pair).
             z = k >> 30
-            if LEAN and TMA:  # _copied: only a sequence's last tile came by cp.async
-                fenced_a = start + 2 * k * 64 + 64 > end
-                fenced_b = start + (2 * k + 1) * 64 + 64 > end
-            else:
-                fenced_a = True
-                fenced_b = True
             if ME == 0:
-                s = _scores(0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_0 - 1) & 1, fenced_a, HALF,
-                            s_layout, CHUNKS)
-                s = _masked(s, start + 2 * k * 64, end, s_cols, qk_scale, LEAN)
-                m_a, alpha_a, l, p16 = _publish_p(s, m, l, m_s.index(0), k_pe_s.index(0), pa, qk_scale, LEAN)
+                s = _scores(0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_0 - 1) & 1, HALF, s_layout)
+                s = gl.where(((start + 2 * k * 64 + s_cols) < end)[None, :], s * qk_scale, float("-inf"))
+                m_a, alpha_a, l, p16 = _publish_p(s, m, l, m_s.index(0), k_pe_s.index(0), pa)
                 acc = acc * gl.convert_layout(alpha_a, rows_o)[:, None]
                 acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc,
                                                                 is_async=True)])
                 m = m_a
                 if 2 * k + 2 < count:  # done with A's left half: the next A's, while partition 1 scores B
-                    _load_half(k_lat_s, k_pe_s, 0, 0, ready, cache_ptr, bt_row, a_next, end,
-                               stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA, CHUNKS)
+                    _load_half(k_lat_s, k_pe_s, 0, 0, ready.index(0), cache_ptr, bt_row, a_next, end,
+                               stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
                 if has_b:
                     mbarrier.wait(pb, pairs_b & 1)
-                    _wait_half(ready, 1, 0, (fills_1 - 1) & 1, CHUNKS)  # B's left half, this partition's copies
-                    _copied(fenced_b)
+                    mbarrier.wait(ready.index(2), (fills_1 - 1) & 1)  # B's left half, this partition's copies
+                    fence_async_shared()
                     m_b = m_s.index(1).load(rows_s)
                     alpha_b = gl.exp2(m - m_b)
                     acc = acc * gl.convert_layout(alpha_b, rows_o)[:, None]
                     acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_pe_s.index(1), v_other, acc, is_async=True)])
                     if 2 * k + 3 < count:  # done with B's left half and P_B: the next B's, with its rope keys
-                        _load_half(k_lat_s, k_pe_s, 1, 0, ready, cache_ptr, bt_row, b_next, end,
-                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA, CHUNKS)
+                        _load_half(k_lat_s, k_pe_s, 1, 0, ready.index(2), cache_ptr, bt_row, b_next, end,
+                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
                     l = l * alpha_b
                     m = m_b
             else:
                 s = gl.zeros([HEADS, 64], gl.float32, s_layout)
                 if has_b:
-                    s = _scores(1, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_1 - 1) & 1, fenced_b, HALF,
-                                s_layout, CHUNKS)
+                    s = _scores(1, q_lat_s, q_pe_s, k_lat_s, k_pe_s, ready, z, (fills_1 - 1) & 1, HALF, s_layout)
                 mbarrier.wait(pa, pairs_a & 1)
                 m_a = m_s.index(0).load(rows_s)
                 alpha_a = gl.exp2(m - m_a)
-                _wait_half(ready, 0, 1, (fills_0 - 1) & 1, CHUNKS)  # A's right half, this partition's copies
-                _copied(fenced_a)
+                mbarrier.wait(ready.index(1), (fills_0 - 1) & 1)  # A's right half, this partition's copies
+                fence_async_shared()
                 acc = acc * gl.convert_layout(alpha_a, rows_o)[:, None]
                 pv = warpgroup_mma(k_pe_s.index(0), v_other, acc, is_async=True)
                 l = l * alpha_a
                 m = m_a
                 if has_b:
-                    s = _masked(s, start + (2 * k + 1) * 64, end, s_cols, qk_scale, LEAN)
-                    m_b, alpha_b, l, p16 = _publish_p(s, m, l, m_s.index(1), k_pe_s.index(1), pb, qk_scale, LEAN)
+                    s = gl.where(((start + (2 * k + 1) * 64 + s_cols) < end)[None, :], s * qk_scale, float("-inf"))
+                    m_b, alpha_b, l, p16 = _publish_p(s, m, l, m_s.index(1), k_pe_s.index(1), pb)
                     acc = warpgroup_mma_wait(0, deps=[pv]) * gl.convert_layout(alpha_b, rows_o)[:, None]
                     pv = warpgroup_mma(gl.convert_layout(p16, p_regs), v_own, acc, is_async=True)
                     if 2 * k + 2 < count:  # done with A's right half and P_A: the next A's, while P_B x V_B runs
-                        _load_half(k_lat_s, k_pe_s, 0, 1, ready, cache_ptr, bt_row, a_next, end,
-                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA, CHUNKS)
+                        _load_half(k_lat_s, k_pe_s, 0, 1, ready.index(1), cache_ptr, bt_row, a_next, end,
+                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
                     acc = warpgroup_mma_wait(0, deps=[pv])
                     if 2 * k + 3 < count:  # done with B's right half
-                        _load_half(k_lat_s, k_pe_s, 1, 1, ready, cache_ptr, bt_row, b_next, end,
-                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA, CHUNKS)
+                        _load_half(k_lat_s, k_pe_s, 1, 1, ready.index(3), cache_ptr, bt_row, b_next, end,
+                                   stride_c_block, stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
                     m = m_b
                 else:
                     acc = warpgroup_mma_wait(0, deps=[pv])
@@ -418,7 +346,7 @@ def _mla_decode_seesaw(
     lat_desc, pe_desc,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    TMA: gl.constexpr, WIDE: gl.constexpr, LEAN: gl.constexpr, CHUNKS: gl.constexpr,
+    TMA: gl.constexpr, WIDE: gl.constexpr,
 ):
     smem_layout: gl.constexpr = SMEM_LAYOUT  # the TMA descriptors' too
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -429,15 +357,14 @@ def _mla_decode_seesaw(
     m_s = gl.allocate_shared_memory(gl.float32, [2, 64], flat)  # m after tile A, after tile B
     l_s = gl.allocate_shared_memory(gl.float32, [4, 64], flat)  # [segment parity][partition]
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [4 * CHUNKS, 1], mbarrier.MBarrierLayout())  # _ready's
+    ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # [buffer * 2 + half]
     pa = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     pb = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     l_ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=32 * PART_WARPS_C)  # cp.async arrivals: every thread of partition 0
-    for b in gl.static_range(4 * CHUNKS):
-        # half h's: every thread of partition h (cp.async), or its one thread's expected bytes (TMA)
-        mbarrier.init(ready.index(b), count=1 if TMA else 32 * PART_WARPS_C)
     for b in gl.static_range(4):
+        # half h: every thread of partition h (cp.async), or its one thread's expected bytes (TMA)
+        mbarrier.init(ready.index(b), count=1 if TMA else 32 * PART_WARPS_C)
         mbarrier.init(l_ready.index(b), count=1)
     mbarrier.init(pa, count=1)
     mbarrier.init(pb, count=1)
@@ -449,21 +376,20 @@ def _mla_decode_seesaw(
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, LEAN, CHUNKS)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, LEAN, CHUNKS)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
                       num_programs=None, partials=torch.bfloat16, stamps=None, tma_loads=TMA_LOADS,
-                      wide_store=WIDE_STORE, lean=LEAN, chunks=CHUNKS):
+                      wide_store=WIDE_STORE):
     """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials). tma_loads: the
-    cache's tiles copied by TMA where its blocks allow (tma_loads_fit), else by cp.async; wide_store: WIDE_STORE;
-    lean: LEAN; chunks: CHUNKS."""
+    cache's tiles copied by TMA where its blocks allow (tma_loads_fit), else by cp.async; wide_store: WIDE_STORE."""
     tma_loads = tma_loads and tma_loads_fit(latent_cache)
     lat_desc = pe_desc = latent_cache  # unused without TMA
     if tma_loads:  # the cache as [tokens, 576] rows, a box a cache block (a tile's at most): half the latent, the rope
@@ -471,10 +397,10 @@ def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
         rows = min(latent_cache.shape[1], 64)
         lat_desc, pe_desc = (TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, cols],
                                              SMEM_LAYOUT.value)
-                             for cols in (q_latent.shape[-1] // 2 // chunks, q_pe.shape[-1]))
+                             for cols in (q_latent.shape[-1] // 2, q_pe.shape[-1]))
     return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
                   min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps,
-                  TMA=tma_loads, WIDE=wide_store, LEAN=lean, CHUNKS=chunks, lat_desc=lat_desc, pe_desc=pe_desc)
+                  TMA=tma_loads, WIDE=wide_store, lat_desc=lat_desc, pe_desc=pe_desc)
 
 
 def tma_loads_fit(latent_cache) -> bool:
