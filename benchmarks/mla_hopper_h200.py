@@ -44,13 +44,19 @@ def triton_config(heads):
 # slower; "seesaw-own-first" against LEFT_FIRST (ce2e263, 2026-12-04 left-first-a/b), partition 1's scores begun on
 # the tile's left half, which partition 0 reloads: 1.00-1.03x the time in both orders (128h b256 x 4K 545.0 / 549.9
 # and 537.6 / 552.4 us), the halves land together.
+# Dropped: "seesaw-unlean" against LEAN (019213d, 2026-12-04 lean-chunks), the softmax's scale folded into the
+# exponentials' FMA, the mask only on the last tile, no proxy fence after TMA waits: 0.98-1.03x, within the default's
+# own first-to-last spread; "seesaw-c2" / "-c4" (same run), a barrier a chunk of 128 / 64 columns of each tile half
+# with the scores begun chunk by chunk (FlashMLA's 9 barriers a buffer): 1.01-1.08x and 1.10-1.22x the time (a TMA
+# copy and partition barrier a chunk a 16-token block).
 # "seesaw-tma" / "seesaw-cp": the seesaw's tiles copied by TMA / by cp.async (kernels/mla_seesaw.py TMA_LOADS);
 # "seesaw-f32": float32 partials, stored from the accumulators' layout (bf16 outputs staged, WIDE_STORE);
 # "seesaw-narrow": the default before 2026-12-04's wide-bf16 runs, float32 partials and every store from the
-# accumulators' layout.
+# accumulators' layout. "seesaw-again": the default once more, listed last, so that a drift of the machine within
+# the run shows.
 VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-f32": {**SEESAW, "partials": "float32"},
             "seesaw-tma": {**SEESAW, "tma_loads": True}, "seesaw-cp": {**SEESAW, "tma_loads": False},
-            "seesaw-narrow": {**SEESAW, "partials": "float32", "wide_store": False}}
+            "seesaw-narrow": {**SEESAW, "partials": "float32", "wide_store": False}, "seesaw-again": SEESAW}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)
 CHECKS = [
     (128, [1, 17, 64, 65, 1000, 4097], 16, None),
