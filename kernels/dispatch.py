@@ -11,6 +11,11 @@ MAX_PROGRAMS_PER_SM = 32  # resident blocks per multiprocessor on sm_80/sm_90: a
 # sequence on the H200, the median decode cell unchanged (kernels_h200_2026-12-02_*_grid-19 against grid-19-no-pdl).
 # False launches as before.
 PDL = True
+# With PDL, each program of decode's kernels (the attention, the combine) also signals at its start that the kernel
+# after it may launch (griddepcontrol.launch_dependents), so that one's launch and its programs' first instructions
+# (up to their griddepcontrol.wait) overlap this one's tail, not only its exit. Without it the next kernel launches
+# once every program here has exited. False: as before.
+PDL_TRIGGER = True
 
 
 def use_triton(t) -> bool:
@@ -51,8 +56,11 @@ def launches_early(device) -> bool:
 
 
 def pdl_options(early: bool) -> dict:
-    """A Triton launch's PDL constexpr (its griddepcontrol.wait) and, where on, the launch option."""
-    return {"PDL": early, "launch_pdl": True} if early else {"PDL": False}
+    """A launch's PDL constexpr (its griddepcontrol.wait), TRIGGER (its launch_dependents: PDL_TRIGGER) and, where on,
+    the launch option."""
+    if not early:
+        return {"PDL": False, "TRIGGER": False}
+    return {"PDL": True, "TRIGGER": PDL_TRIGGER, "launch_pdl": True}
 
 
 def sm_count(device) -> int:

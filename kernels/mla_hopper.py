@@ -69,6 +69,17 @@ def _program_range(seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS: gl.con
 
 
 @gluon.jit
+def grid_dependency(PDL: gl.constexpr, TRIGGER: gl.constexpr):
+    """dispatch.pdl_options' two in Gluon (Triton's gdc_launch_dependents and gdc_wait): TRIGGER lets the kernel after
+    this one launch; PDL waits until the kernel before has finished and its writes are visible."""
+    if TRIGGER:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def stamp_gluon(stamps_ptr, row, SLOT: gl.constexpr, WIDTH: gl.constexpr = SLOTS, SM: gl.constexpr = False):
     """kernels/stamps.py's stamp, in Gluon (rows of WIDTH slots); SM: the multiprocessor too, in the row's last slot."""
     now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)

@@ -40,7 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .mla_hopper import (_partial_row, _program_range, _segment, _store_segment, _tile_blocks, launch,
+from .dispatch import launches_early, pdl_options
+from .mla_hopper import (_partial_row, _program_range, _segment, _store_segment, _tile_blocks, grid_dependency, launch,
                          stamp_gluon)
 from .work_split import RUN_TIME_INTS
 
@@ -174,7 +175,7 @@ def _seesaw_partition(
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    descs, TMA: gl.constexpr, WIDE: gl.constexpr,
+    descs, TMA: gl.constexpr, WIDE: gl.constexpr, PDL: gl.constexpr, TRIGGER: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -191,7 +192,9 @@ def _seesaw_partition(
     STAMP: gl.constexpr = STAMPS and ME == 0  # kernels/stamps.py, by partition 0
     if STAMP:
         stamp_gluon(stamps_ptr, gl.program_id(0), 0)
-        stamp_gluon(stamps_ptr, gl.program_id(0), 1)  # no griddepcontrol.wait: waited as started
+    grid_dependency(PDL, TRIGGER)  # launched early (dispatch.PDL): the query and the cache only past this
+    if STAMP:
+        stamp_gluon(stamps_ptr, gl.program_id(0), 1)
 
     head_block, first, last, seqs, lens, tiles, ends = _program_range(seq_lens_ptr, num_seqs, num_programs,
                                                                       NUM_HEAD_BLOCKS, MIN_TILES, 64, SEQS_PAD, line)
@@ -346,7 +349,7 @@ def _mla_decode_seesaw(
     lat_desc, pe_desc,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    TMA: gl.constexpr, WIDE: gl.constexpr,
+    TMA: gl.constexpr, WIDE: gl.constexpr, PDL: gl.constexpr, TRIGGER: gl.constexpr,
 ):
     smem_layout: gl.constexpr = SMEM_LAYOUT  # the TMA descriptors' too
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -376,12 +379,14 @@ def _mla_decode_seesaw(
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, PDL,
+                             TRIGGER)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, PDL,
+                             TRIGGER)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 
@@ -400,7 +405,8 @@ def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
                              for cols in (q_latent.shape[-1] // 2, q_pe.shape[-1]))
     return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
                   min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps,
-                  TMA=tma_loads, WIDE=wide_store, lat_desc=lat_desc, pe_desc=pe_desc)
+                  TMA=tma_loads, WIDE=wide_store, lat_desc=lat_desc, pe_desc=pe_desc,
+                  **pdl_options(launches_early(q_latent.device)))
 
 
 def tma_loads_fit(latent_cache) -> bool:
