@@ -39,8 +39,7 @@ replays).
 
 --combine-programs-per-sm N times decode with its combine split until it has N programs a multiprocessor (the
 default's alternatives, side by side with a grid run at the default). --no-pdl launches every kernel without
-programmatic dependent launch (kernels/dispatch.py PDL), the default's alternative; --no-pdl-trigger launches with it
-but no kernel signals its dependents' launch early (dispatch.PDL_TRIGGER).
+programmatic dependent launch (kernels/dispatch.py PDL), the default's alternative.
 """
 import argparse
 import datetime
@@ -1127,8 +1126,6 @@ def main():
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILY_KEYS), metavar="FAMILY",
                         help=f"--grid runs only these kernel families ({', '.join(FAMILY_KEYS)})")
     parser.add_argument("--no-pdl", action="store_true", help="no programmatic dependent launch (kernels/dispatch.py)")
-    parser.add_argument("--no-pdl-trigger", action="store_true",
-                        help="no early launch_dependents (kernels/dispatch.py PDL_TRIGGER)")
     parser.add_argument("--combine-programs-per-sm", type=int, metavar="N",
                         help="decode's combine splits its blocks until it has N programs a multiprocessor (default "
                              f"{work_split.COMBINE_PROGRAMS_PER_SM}: kernels/work_split.py)")
@@ -1146,8 +1143,6 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.no_pdl:
         dispatch.PDL = False
-    if args.no_pdl_trigger:
-        dispatch.PDL_TRIGGER = False
     if args.combine_programs_per_sm is not None:
         work_split.COMBINE_PROGRAMS_PER_SM = args.combine_programs_per_sm
     t0 = time.time()
@@ -1164,7 +1159,7 @@ def main():
                         "mla_mid_heads": mla.MID_HEADS_CONFIG, "mla_many_heads": mla.MANY_HEADS_CONFIG,
                         "mla_prefill": mla.PREFILL_CONFIG, "mla_mha_prefill": mla_mha.CONFIG,
                         "prefill": prefill.CONFIG, "combine_programs_per_sm": work_split.COMBINE_PROGRAMS_PER_SM,
-                        "pdl": dispatch.PDL, "pdl_trigger": dispatch.PDL_TRIGGER}}
+                        "pdl": dispatch.PDL}}
     log("env", json.dumps(env))
     torch.manual_seed(0)
     if args.grid:

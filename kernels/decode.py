@@ -10,7 +10,7 @@ merges the sequences that a range boundary cut.
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from .dispatch import (dot_precision, fix_triton_interpreter, launches_early, next_pow2, pdl_options,
                        resident_programs, upcast_dots)
@@ -96,15 +96,12 @@ def _decode(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr, TRIGGER: tl.constexpr,
-    STAMPS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr, STAMPS: tl.constexpr,
 ):
     """Range j of KV head `kv_head`'s tile line (kernels/work_split.py). STAMPS: kernels/stamps.py's diagnostic."""
     pid = tl.program_id(0)
     if STAMPS:
         stamp(stamps_ptr, pid, 0)
-    if TRIGGER:  # the combine after this may launch (dispatch.PDL_TRIGGER)
-        gdc_launch_dependents()
     if PDL:  # launched early (dispatch.PDL): everything read here may come from the kernel before
         gdc_wait()
     if STAMPS:

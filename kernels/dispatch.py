@@ -9,13 +9,14 @@ MAX_PROGRAMS_PER_SM = 32  # resident blocks per multiprocessor on sm_80/sm_90: a
 # drains, and waits (griddepcontrol.wait) before it reads what that one wrote. Decode's two short kernels a layer
 # (the attention, then the combine of its partials) lose the launch latency between them: 0.3-0.6 us a layer on one
 # sequence on the H200, the median decode cell unchanged (kernels_h200_2026-12-02_*_grid-19 against grid-19-no-pdl).
+# The MLA seesaw (Gluon) too, behind the last layer's combine: 0.96-0.99x the time on the MLA cells under 30 us, 128h
+# b1 x 32K 34.0 -> 33.4 us, where the unchanged dense cells read 0.99-1.01x between the two starts
+# (kernels_h200_2026-12-04_*_pdl-seesaw against *_combine-wide).
+# Not also signalled early (griddepcontrol.launch_dependents at each program's start, so that the next kernel launches
+# while this one drains): the small decode cells 1.03-1.18x the time, MLA 128h b1 x 32K 33.4 -> 39.4 us, dense GQA
+# 28/4 b32 x 1K 29.2 -> 31.7 (kernels_h200_2026-12-04_*_pdl-trigger against *_pdl-seesaw, same start; e371455).
 # False launches as before.
 PDL = True
-# With PDL, each program of decode's kernels (the attention, the combine) also signals at its start that the kernel
-# after it may launch (griddepcontrol.launch_dependents), so that one's launch and its programs' first instructions
-# (up to their griddepcontrol.wait) overlap this one's tail, not only its exit. Without it the next kernel launches
-# once every program here has exited. False: as before.
-PDL_TRIGGER = True
 
 
 def use_triton(t) -> bool:
@@ -56,11 +57,8 @@ def launches_early(device) -> bool:
 
 
 def pdl_options(early: bool) -> dict:
-    """A launch's PDL constexpr (its griddepcontrol.wait), TRIGGER (its launch_dependents: PDL_TRIGGER) and, where on,
-    the launch option."""
-    if not early:
-        return {"PDL": False, "TRIGGER": False}
-    return {"PDL": True, "TRIGGER": PDL_TRIGGER, "launch_pdl": True}
+    """A Triton launch's PDL constexpr (its griddepcontrol.wait) and, where on, the launch option."""
+    return {"PDL": early, "launch_pdl": True} if early else {"PDL": False}
 
 
 def sm_count(device) -> int:

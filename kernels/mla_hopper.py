@@ -69,14 +69,10 @@ def _program_range(seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS: gl.con
 
 
 @gluon.jit
-def grid_dependency(PDL: gl.constexpr, TRIGGER: gl.constexpr):
-    """dispatch.pdl_options' two in Gluon (Triton's gdc_launch_dependents and gdc_wait): TRIGGER lets the kernel after
-    this one launch; PDL waits until the kernel before has finished and its writes are visible."""
-    if TRIGGER:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                  pack=1)
-    if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+def gdc_wait_gluon():
+    """Triton's gdc_wait in Gluon: past this, the kernel before this one (PDL: dispatch.pdl_options) has finished
+    and its writes are visible."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit

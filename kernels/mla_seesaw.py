@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .dispatch import launches_early, pdl_options
-from .mla_hopper import (_partial_row, _program_range, _segment, _store_segment, _tile_blocks, grid_dependency, launch,
+from .mla_hopper import (_partial_row, _program_range, _segment, _store_segment, _tile_blocks, gdc_wait_gluon, launch,
                          stamp_gluon)
 from .work_split import RUN_TIME_INTS
 
@@ -175,7 +175,7 @@ def _seesaw_partition(
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    descs, TMA: gl.constexpr, WIDE: gl.constexpr, PDL: gl.constexpr, TRIGGER: gl.constexpr,
+    descs, TMA: gl.constexpr, WIDE: gl.constexpr, PDL: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -192,7 +192,8 @@ def _seesaw_partition(
     STAMP: gl.constexpr = STAMPS and ME == 0  # kernels/stamps.py, by partition 0
     if STAMP:
         stamp_gluon(stamps_ptr, gl.program_id(0), 0)
-    grid_dependency(PDL, TRIGGER)  # launched early (dispatch.PDL): the query and the cache only past this
+    if PDL:  # launched early (dispatch.PDL): the sequence lengths, the query and the cache read only past this
+        gdc_wait_gluon()
     if STAMP:
         stamp_gluon(stamps_ptr, gl.program_id(0), 1)
 
@@ -349,7 +350,7 @@ def _mla_decode_seesaw(
     lat_desc, pe_desc,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    TMA: gl.constexpr, WIDE: gl.constexpr, PDL: gl.constexpr, TRIGGER: gl.constexpr,
+    TMA: gl.constexpr, WIDE: gl.constexpr, PDL: gl.constexpr,
 ):
     smem_layout: gl.constexpr = SMEM_LAYOUT  # the TMA descriptors' too
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -379,14 +380,12 @@ def _mla_decode_seesaw(
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, PDL,
-                             TRIGGER)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, PDL)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, PDL,
-                             TRIGGER)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, PDL)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 

@@ -20,7 +20,7 @@ Every program sums seq_lens itself: no host sync.
 """
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from .dispatch import launches_early, next_pow2, pdl_options, sm_count
 
@@ -173,14 +173,11 @@ def combine_cut_units(
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
     J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, MIN_TILES: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr,
-    TRIGGER: tl.constexpr,
 ):
     """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
     unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
     programs' partials per step, into the output of ROW_BLOCK of the unit's ROWS heads. Whole ones were
     written already; empty sequences get zeros here."""
-    if TRIGGER:  # the next layer's attention may launch (dispatch.PDL_TRIGGER)
-        gdc_launch_dependents()
     seq = tl.program_id(0)
     row_blocks = tl.cdiv(ROWS, ROW_BLOCK)
     unit = tl.program_id(1) // row_blocks

@@ -97,3 +97,39 @@ def test_the_seesaw_protocol_model_check_passes():
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "seesaw_protocol_check.py"), "--schedules", "100"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+PDL_CHILD = """
+import json, sys, torch
+sys.path[:0] = [{root!r}, {scripts!r}]
+import kernels_ptx
+from kernels import mla_seesaw, work_split
+rows = {{}}
+for early in (False, True):  # an sm_90 GPU with dispatch.PDL on, or not
+    mla_seesaw.launches_early = work_split.launches_early = lambda device, early=early: early
+    q = torch.randn(3, 128, 512, dtype=torch.bfloat16)
+    call = lambda: mla_seesaw.mla_decode_seesaw(q, torch.randn(3, 128, 64, dtype=torch.bfloat16),
+                                                torch.randn(24, 16, 576, dtype=torch.bfloat16),
+                                                torch.zeros(3, 8, dtype=torch.int32),
+                                                torch.full((3,), 100, dtype=torch.int32),
+                                                0.1, torch.empty_like(q), min_tiles=2, num_programs=4)
+    for kernel, values, options in kernels_ptx.capture(call):
+        ptx = kernels_ptx.compile_ptx(kernel, values, options)
+        rows[f"{{kernel.__name__}} {{early}}"] = {{"launch_pdl": values.get("launch_pdl", False),
+                                                 "waits": ptx.count("griddepcontrol.wait"),
+                                                 "triggers": ptx.count("griddepcontrol.launch_dependents")}}
+print(json.dumps(rows))
+"""
+
+
+def test_the_seesaw_and_its_combine_launch_early_and_wait_where_pdl_is_on(tmp_path):
+    """dispatch.PDL on sm_90: the seesaw is launched with programmatic dependent launch and waits (griddepcontrol.wait,
+    once a partition) before it reads the sequence lengths, the query or the cache, as the combine after it does (0.4-0.6
+    us less a small MLA layer on the H200: kernels_h200_2026-12-04_*_pdl-seesaw). Neither signals its dependents early
+    (launch_dependents at the start made small decode layers 1.03-1.18x slower: *_pdl-trigger). Off: neither."""
+    rows = compiled_in_a_child(PDL_CHILD, tmp_path)
+    for name in ("_mla_decode_seesaw", "combine_cut_units"):
+        assert rows[f"{name} True"]["launch_pdl"] and rows[f"{name} True"]["waits"] >= 1, rows
+        assert not rows[f"{name} False"]["launch_pdl"] and rows[f"{name} False"]["waits"] == 0, rows
+    assert rows["_mla_decode_seesaw True"]["waits"] == 2, rows  # one a partition
+    assert all(row["triggers"] == 0 for row in rows.values()), rows
