@@ -39,7 +39,8 @@ replays).
 
 --combine-programs-per-sm N times decode with its combine split until it has N programs a multiprocessor (the
 default's alternatives, side by side with a grid run at the default). --no-pdl launches every kernel without
-programmatic dependent launch (kernels/dispatch.py PDL), the default's alternative.
+programmatic dependent launch (kernels/dispatch.py PDL), the default's alternative. --decode-maxnreg N caps dense
+decode's registers (more programs a multiprocessor).
 """
 import argparse
 import datetime
@@ -1126,6 +1127,9 @@ def main():
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILY_KEYS), metavar="FAMILY",
                         help=f"--grid runs only these kernel families ({', '.join(FAMILY_KEYS)})")
     parser.add_argument("--no-pdl", action="store_true", help="no programmatic dependent launch (kernels/dispatch.py)")
+    parser.add_argument("--decode-maxnreg", type=int, metavar="N",
+                        help="dense decode's register cap (kernels/decode.py DEFAULT_CONFIG maxnreg; default none: "
+                             "ptxas's 125-126, 4 programs a multiprocessor)")
     parser.add_argument("--combine-programs-per-sm", type=int, metavar="N",
                         help="decode's combine splits its blocks until it has N programs a multiprocessor (default "
                              f"{work_split.COMBINE_PROGRAMS_PER_SM}: kernels/work_split.py)")
@@ -1143,6 +1147,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.no_pdl:
         dispatch.PDL = False
+    if args.decode_maxnreg is not None:
+        decode.DEFAULT_CONFIG["maxnreg"] = args.decode_maxnreg
     if args.combine_programs_per_sm is not None:
         work_split.COMBINE_PROGRAMS_PER_SM = args.combine_programs_per_sm
     t0 = time.time()
