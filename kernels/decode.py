@@ -40,6 +40,9 @@ SEQS_PAD_LEAST_STAMPED = 64
 # per range at least (kernels/work_split.py; benchmarks/paged_h200.py's decode_split section times 1, 2, 4, 8).
 # 2 stages, not 3: of 8 configs on four GQA 28/4 cells (kernels_h200_2026-12-01_*_grid-8), b256 x 4K 1.05x of the
 # floor against 1.18x, b32 x 1K 2.05x against 2.10x, one 32K sequence 2.00x against 1.94x.
+# maxnreg 96 (5 programs a multiprocessor, 52-76 bytes spilled outside the tile loop): 1.02x the time at the median of
+# the dense cells, 1.05-1.10x on the small ones (GQA 28/4 b32 x 1K 29.3 -> 31.3 us; kernels_h200_2026-12-04_*_maxnreg-b
+# between -a and -c, the default before and after it on one start, which agree within 0.1% at the median).
 DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "maxnreg": None, "min_tiles": 1}
 
 
