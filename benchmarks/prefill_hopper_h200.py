@@ -29,11 +29,9 @@ TRITON = {"hopper": False}
 # the Gluon configs checked and timed beside Triton's (the default first). run-2: OVERLAP (FlashAttention-3's
 # intra-warpgroup pipelining) 1.01-1.22x faster than without on the 5 dense cells, a third stage 0.97-1.06x more.
 # The default is persistent up to 8K new tokens (run-5); per_item forces one program an item. narrow: the output
-# stored from the accumulators (WIDE_STORE off). pingpong: kernels/prefill_hopper.py's PINGPONG on. hopper-again: the
-# default once more, last, so that a drift of the machine within the run shows.
+# stored from the accumulators (WIDE_STORE off).
 VARIANTS = {"hopper": HOPPER, "per_item": {**HOPPER, "hopper_persistent": False},
-            "narrow": {**HOPPER, "hopper_wide_store": False}, "pingpong": {**HOPPER, "hopper_pingpong": True},
-            "hopper-again": HOPPER}
+            "narrow": {**HOPPER, "hopper_wide_store": False}}
 # (query heads, KV heads, [(sequence length, new tokens)], cache block size, dtype, tiles_first)
 CHECKS = [
     (28, 4, [(2048, 2048)], 16, torch.bfloat16, None),

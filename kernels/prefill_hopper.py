@@ -42,11 +42,6 @@ MAXNREG, CONSUMER_REGS, PRODUCER_REGS = 168, 240, 24
 # its 48 KiB query tile. OVERLAP: _consumer's. On an H200 (prefill_hopper_h200_2026-12-02_*_run-2) OVERLAP took issue
 # 14's five dense cells 1.01-1.22x faster at 2 stages, and the third stage 0.97-1.06x more.
 STAGES, MLA_STAGES, OVERLAP = 3, 2, True
-# PINGPONG (with OVERLAP): FlashAttention-3's ping-pong, the consumers take turns to issue their products (_turn), so
-# one's exponentials run under the other's products from an item's first key tile on, not only once they drift apart.
-# Before WIDE_STORE (prefill_hopper_h200_2026-12-03_*_run-6, -7): one 2K prompt 0.086 -> 0.079-0.080 ms, 8 x 2K the
-# same, 1 x 8K, 2K on 30K and MLA 128h 4K 3-5% slower.
-PINGPONG = False
 # WIDE_STORE: the output goes from the accumulators to the consumer's query half in shared memory and back in rows,
 # stored 16 bytes a thread, two whole rows a warp's store, where the accumulators' layout stores 4 bytes a thread over 8
 # rows (prefill_timeline run-1: 1.8-2.6 us an item from the last product to the stores issued, of ~3.6 fixed). The
@@ -191,7 +186,7 @@ def _producer(descs, smem, bars, head_cols, problem, order, block_table_ptr, str
     stage's last one."""
     q_desc, qpe_desc, k_desc, kpe_desc, v_desc = descs
     q_s, qpe_s, k_s, kpe_s, v_s = smem
-    q_ready, q_free, k_ready, v_ready, k_free, v_free, _ = bars
+    q_ready, q_free, k_ready, v_ready, k_free, v_free = bars
     q_cols, qpe_cols, k_cols, v_cols = head_cols
     STAGES: gl.constexpr = k_s.type.shape[0]
     K_BYTES: gl.constexpr = (128 // k_desc.block_type.shape[0]) * k_desc.block_type.nbytes
@@ -291,29 +286,14 @@ def _values(acc, p, v_s, v_ready, c, rest, p_regs: gl.constexpr, ld: gl.constexp
 
 
 @gluon.jit
-def _turn(turns, ME: gl.constexpr, n, PINGPONG: gl.constexpr):
-    """Wait for this consumer's n-th turn to issue products: consumer 0's first at once, then each after the other
-    consumer's turn before it (its arrival on turns[ME], _pass_turn)."""
-    if PINGPONG:
-        mbarrier.wait(turns.index(ME), (n & 1) ^ (1 - ME))
-
-
-@gluon.jit
-def _pass_turn(turns, ME: gl.constexpr, PINGPONG: gl.constexpr):
-    if PINGPONG:
-        mbarrier.arrive(turns.index(1 - ME), count=1)
-
-
-@gluon.jit
 def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head,
               stride_lse_tok, qk_scale, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, OVERLAP: gl.constexpr,
-              WINDOWED: gl.constexpr, stamps_ptr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr,
-              PINGPONG: gl.constexpr):
+              WINDOWED: gl.constexpr, stamps_ptr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr):
     """For each item, rows ME x 64 .. + 63 of its query tile: the online softmax over its key tiles (tile i: the
     sequence's tokens t_base + i x 128 ..), then the output (WINDOWED: with each row's log2-sum-exp, -inf where it saw
     no key). OVERLAP: tile i's scores issued before tile i - 1's P x V, its exponentials computed while that runs."""
     q_s, qpe_s, k_s, kpe_s, v_s = smem
-    q_ready, q_free, k_ready, v_ready, k_free, v_free, turns = bars
+    q_ready, q_free, k_ready, v_ready, k_free, v_free = bars
     V_DIM: gl.constexpr = v_s.type.shape[2]
     STAGES: gl.constexpr = k_s.type.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -326,7 +306,6 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
     zeros = gl.zeros([64, 128], gl.float32, s_layout)
     items = 0
     tiles = 0
-    issues = 0  # turns taken (PINGPONG): both consumers take as many an item
     for k in range(gl.cdiv(order[0], gl.num_programs(0))):
         valid, q_tile, head, seq = _item(k, order)
         q_start, q_len, k_start, seq_len, seq_blocks, prefix, kv_end, t_base, n_tiles = _geometry(
@@ -350,20 +329,15 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
             if STAMP:
                 stamp_gluon(stamps_ptr, stamp_row, 1, STAMP_WIDTH)
             if OVERLAP and n_tiles > 0:
-                _turn(turns, ME, issues, PINGPONG)
-                s = _scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, tiles, zeros, ROPE)
-                _pass_turn(turns, ME, PINGPONG)
-                s = warpgroup_mma_wait(0, deps=[s])
+                s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, tiles, zeros, ROPE)])
                 if STAMP:
                     stamp_gluon(stamps_ptr, stamp_row, 2, STAMP_WIDTH)
                 mbarrier.arrive(k_free.index(tiles % STAGES), count=1)
                 p, m, alpha, l = _softmax_step(s, 0, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED)
                 for i in range(1, n_tiles):
                     c = tiles + i
-                    _turn(turns, ME, issues + i, PINGPONG)
                     s = _scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, c, zeros, ROPE)
                     acc = _values(acc, p, v_s, v_ready, c - 1, tokens - (i - 1) * 128, p_regs, ld)
-                    _pass_turn(turns, ME, PINGPONG)
                     s = warpgroup_mma_wait(1, deps=[s])  # the scores (the older group): P x V may still run
                     mbarrier.arrive(k_free.index(c % STAGES), count=1)
                     p, m, alpha, l = _softmax_step(s, i, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED)
@@ -373,11 +347,8 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
                 if not WIDE_STORE:
                     mbarrier.arrive(q_free, count=1)  # every score of the item done: the next query may load
                 c = tiles + n_tiles - 1
-                _turn(turns, ME, issues + n_tiles, PINGPONG)
-                acc = _values(acc, p, v_s, v_ready, c, tokens - (n_tiles - 1) * 128, p_regs, ld)
-                _pass_turn(turns, ME, PINGPONG)
-                acc = warpgroup_mma_wait(0, deps=[acc])
-                issues += n_tiles + 1
+                acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, c, tokens - (n_tiles - 1) * 128,
+                                                          p_regs, ld)])
                 if STAMP:
                     stamp_gluon(stamps_ptr, stamp_row, 3, STAMP_WIDTH)
                 mbarrier.arrive(v_free.index(c % STAGES), count=1)
@@ -433,8 +404,7 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
                     q_head_cols, qpe_head_cols, k_head_cols, v_head_cols, window_start, window_end,
                     num_items, num_tiles, num_units, num_seqs, tiles_first, stamps_ptr,
                     GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, STAGES: gl.constexpr,
-                    OVERLAP: gl.constexpr, WINDOWED: gl.constexpr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr,
-                    PINGPONG: gl.constexpr):
+                    OVERLAP: gl.constexpr, WINDOWED: gl.constexpr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr):
     """Items: (query tile, query head, sequence), num_items of them (_item), taken by the programs in rounds.
     BLOCK_SIZE > 0: keys and values in the paged cache (block_table_ptr), seq_lens_ptr each sequence's length.
     BLOCK_SIZE 0: contiguous keys, seq_lens_ptr the cumulative lengths (sequence i's keys are rows [cu[i], cu[i+1]).
@@ -457,7 +427,6 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # _turn's, a consumer each
     mbarrier.init(q_ready, count=1)
     mbarrier.init(q_free, count=2)  # both consumers
     for b in gl.static_range(STAGES):
@@ -465,17 +434,15 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
         mbarrier.init(v_ready.index(b), count=1)
         mbarrier.init(k_free.index(b), count=2)
         mbarrier.init(v_free.index(b), count=2)
-    for b in gl.static_range(2):
-        mbarrier.init(turns.index(b), count=1)
     smem = (q_s, qpe_s, k_s, kpe_s, v_s)
-    bars = (q_ready, q_free, k_ready, v_ready, k_free, v_free, turns)
+    bars = (q_ready, q_free, k_ready, v_ready, k_free, v_free)
     problem = (cu_seqlens_q_ptr, seq_lens_ptr, window_start, window_end)
     order = (num_items, num_tiles, num_units, num_seqs, tiles_first)
     gl.warp_specialize([
         (_consumer, (0, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
-                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE, PINGPONG)),
+                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE)),
         (_consumer, (1, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
-                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE, PINGPONG)),
+                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE)),
         (_producer, ((q_desc, qpe_desc, k_desc, kpe_desc, v_desc), smem, bars,
                      (q_head_cols, qpe_head_cols, k_head_cols, v_head_cols), problem, order, block_table_ptr,
                      stride_bt_seq, GROUP, BLOCK_SIZE, ROPE, WINDOWED)),
@@ -486,8 +453,7 @@ def options(config, stages):
     """The kernel's options from a caller's config (its hopper_* keys), `stages` where it names none."""
     return {"stages": config.get("hopper_stages", stages), "overlap": config.get("hopper_overlap", OVERLAP),
             "persistent": config.get("hopper_persistent", PERSISTENT), "stamps": config.get("stamps"),
-            "wide_store": config.get("hopper_wide_store", WIDE_STORE),
-            "pingpong": config.get("hopper_pingpong", PINGPONG)}
+            "wide_store": config.get("hopper_wide_store", WIDE_STORE)}
 
 
 def rounds_of(items, tiles, persistent, device):
@@ -499,8 +465,7 @@ def rounds_of(items, tiles, persistent, device):
 
 
 def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first, group,
-            block_size, rope, stages, overlap, persistent, stamps=None, wide_store=WIDE_STORE, lse=None, window=(0, 0),
-            pingpong=PINGPONG):
+            block_size, rope, stages, overlap, persistent, stamps=None, wide_store=WIDE_STORE, lse=None, window=(0, 0)):
     """The kernel over prefill_grid's items (its grid and order): one program an item, or with `persistent` one a
     multiprocessor (shared memory holds one) taking items in rounds, the next item's query and first keys loaded
     under the last one's end. stamps: None, or int64 [programs x rounds, len(STAMP_NAMES)] at least (rounds_of)."""
@@ -515,15 +480,14 @@ def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, til
         out.stride(0), out.stride(1), 0 if lse is None else lse.stride(0), q_hc, qpe_hc, k_hc, v_hc, *window,
         items, tiles, units, seqs, tiles_first, out if stamps is None else stamps,
         GROUP=group, BLOCK_SIZE=block_size, ROPE=rope, STAGES=stages, OVERLAP=overlap,
-        WINDOWED=lse is not None, STAMPS=stamps is not None, PINGPONG=pingpong and overlap,
+        WINDOWED=lse is not None, STAMPS=stamps is not None,
         WIDE_STORE=wide_store and out.dtype == q_desc.base.dtype and out.shape[-1] == q_desc.block_shape[1],
         num_warps=CONSUMER_WARPS, maxnreg=MAXNREG)
     return out
 
 
 def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, qk_scale, grid, tiles_first, out,
-                         *, stages=STAGES, overlap=OVERLAP, persistent=PERSISTENT, stamps=None, wide_store=WIDE_STORE,
-                         pingpong=PINGPONG):
+                         *, stages=STAGES, overlap=OVERLAP, persistent=PERSISTENT, stamps=None, wide_store=WIDE_STORE):
     """prefill.paged_prefill on this kernel (supported() must hold), over prefill.prefill_grid's grid of BLOCK_M-row
     query tiles by query heads by sequences. qk_scale: the softmax scale times log2(e)."""
     block_size = k_cache.shape[1]
@@ -532,13 +496,12 @@ def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_len
     k_desc = _descriptor(_tokens(k_cache), box)
     descs = (q_desc, q_desc, k_desc, k_desc, _descriptor(_tokens(v_cache), box))  # no rope: its slots unused
     return _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first,
-                   q.shape[1] // k_cache.shape[2], block_size, 0, stages, overlap, persistent, stamps, wide_store,
-                   pingpong=pingpong)
+                   q.shape[1] // k_cache.shape[2], block_size, 0, stages, overlap, persistent, stamps, wide_store)
 
 
 def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_scale, grid, tiles_first, out, lse=None,
                        window=(0, 0), *, stages=MLA_STAGES, overlap=OVERLAP, persistent=PERSISTENT, stamps=None,
-                       wide_store=WIDE_STORE, pingpong=PINGPONG):
+                       wide_store=WIDE_STORE):
     """mla_mha's decompressed prefill (mla_supported() must hold): q_nope [T, H, 128] and q_pe [T, H, 64] of the new
     tokens, kv [C, H, 256] the context tokens' per-head keys (nope) then values, k_pe [C, 64] their rope keys,
     sequence i's token 0 at row cu_seqlens_k[i]; out [T, H, 128]. With lse [T, H], kv and k_pe hold the packed
@@ -546,4 +509,4 @@ def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_sc
     descs = (_descriptor(q_nope, HALF_M), _descriptor(q_pe, HALF_M), _descriptor(kv[..., :128], BLOCK_N),
              _descriptor(k_pe.unsqueeze(1), BLOCK_N), _descriptor(kv[..., 128:], BLOCK_N))
     return _launch(grid, descs, cu_seqlens_k, cu_seqlens_q, cu_seqlens_k, out, qk_scale, tiles_first, 1, 0,
-                   q_pe.shape[-1], stages, overlap, persistent, stamps, wide_store, lse, window, pingpong)
+                   q_pe.shape[-1], stages, overlap, persistent, stamps, wide_store, lse, window)
