@@ -29,9 +29,11 @@ TRITON = {"hopper": False}
 # the Gluon configs checked and timed beside Triton's (the default first). run-2: OVERLAP (FlashAttention-3's
 # intra-warpgroup pipelining) 1.01-1.22x faster than without on the 5 dense cells, a third stage 0.97-1.06x more.
 # The default is persistent up to 8K new tokens (run-5); per_item forces one program an item. narrow: the output
-# stored from the accumulators (WIDE_STORE off).
+# stored from the accumulators (WIDE_STORE off). hopper-again: the default once more, last, so that a drift of the
+# machine within the run shows. Dropped: pingpong (FlashAttention-3's ping-pong consumers; with WIDE_STORE, 2026-12-04
+# *_pingpong: level with the default's own first and last times on all 6 cells; before it, session 21's run-6).
 VARIANTS = {"hopper": HOPPER, "per_item": {**HOPPER, "hopper_persistent": False},
-            "narrow": {**HOPPER, "hopper_wide_store": False}}
+            "narrow": {**HOPPER, "hopper_wide_store": False}, "hopper-again": HOPPER}
 # (query heads, KV heads, [(sequence length, new tokens)], cache block size, dtype, tiles_first)
 CHECKS = [
     (28, 4, [(2048, 2048)], 16, torch.bfloat16, None),
