@@ -392,8 +392,9 @@ def _mla_decode_seesaw(
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
                       num_programs=None, partials=torch.bfloat16, stamps=None, tma_loads=TMA_LOADS,
                       wide_store=WIDE_STORE):
-    """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials). tma_loads: the
-    cache's tiles copied by TMA where its blocks allow (tma_loads_fit), else by cp.async; wide_store: WIDE_STORE."""
+    """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials), launched with
+    programmatic dependent launch where dispatch.launches_early says so. tma_loads: the cache's tiles copied by TMA
+    where its blocks allow (tma_loads_fit), else by cp.async; wide_store: WIDE_STORE."""
     tma_loads = tma_loads and tma_loads_fit(latent_cache)
     lat_desc = pe_desc = latent_cache  # unused without TMA
     if tma_loads:  # the cache as [tokens, 576] rows, a box a cache block (a tile's at most): half the latent, the rope
