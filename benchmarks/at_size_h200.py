@@ -201,18 +201,22 @@ def main():
     parser.add_argument("--min-floor-us", type=float, default=10.0, help="cells with a smaller floor are left out")
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
+    parser.add_argument("--flush", choices=("write", "read"), default=kg.FLUSH,
+                        help="how L2 is emptied before each timed replay (kernels_h200.FLUSH): the grid JSON's")
     args = parser.parse_args()
     if not args.dry_run and args.grid_json is None:
         parser.error("--grid-json is needed: the floors and our times come from a grid run on the same start")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
+    kg.FLUSH = args.flush
     if args.dry_run:
         kg.DEVICE = "cpu"
     g = kg.DRY_GRID if args.dry_run else kg.GRID
     pairs = grid_rows(args.grid_json, 0.0 if args.dry_run else args.min_floor_us, g)
     env = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "triton": triton.__version__,
            "device": torch.cuda.get_device_name(0) if kg.DEVICE == "cuda" else "cpu (dry run)",
-           "cudnn": torch.backends.cudnn.version() if kg.DEVICE == "cuda" else None, "grid_json": args.grid_json}
+           "cudnn": torch.backends.cudnn.version() if kg.DEVICE == "cuda" else None, "grid_json": args.grid_json,
+           "flush": kg.FLUSH}
     log("env", json.dumps(env))
     bounds = boundaries_us(2 if args.dry_run else 64)
     rows = []

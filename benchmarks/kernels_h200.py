@@ -40,7 +40,8 @@ replays).
 --combine-programs-per-sm N times decode with its combine split until it has N programs a multiprocessor (the
 default's alternatives, side by side with a grid run at the default). --no-pdl launches every kernel without
 programmatic dependent launch (kernels/dispatch.py PDL), the default's alternative. --decode-maxnreg N caps dense
-decode's registers (more programs a multiprocessor).
+decode's registers (more programs a multiprocessor). --flush read empties L2 before each replay by reading 256 MB
+rather than zeroing it (FLUSH: zeroing leaves dirty lines the timed kernels write back).
 """
 import argparse
 import datetime
@@ -108,8 +109,23 @@ def bench(fn):
     return do_bench(fn, warmup=25, rep=150, return_mode="median")
 
 
+# How bench_graph empties L2 before a replay (--flush). "write" zeroes 256 MB, as triton's do_bench does: L2 is left
+# full of dirty lines, which the timed kernels' first misses write back to HBM inside the timing (tens of MB: a few us
+# on each small layer). "read" sums 256 MB: L2 is left holding clean lines, as a decode step's weight reads leave it.
+FLUSH = "write"
+
+
+def flush_l2():
+    """A call that empties L2 of the timed kernels' data, the FLUSH way."""
+    if FLUSH == "read":
+        buffer = torch.empty(64 * 2**20, dtype=torch.float32, device=DEVICE).normal_()
+        return lambda: torch.sum(buffer)
+    buffer = torch.empty(256 * 2**20, dtype=torch.int8, device=DEVICE)
+    return buffer.zero_
+
+
 def bench_graph(fn, replays=60):
-    """Median over CUDA-graph replays (no host launch gaps), L2 flushed before each, in ms; the first
+    """Median over CUDA-graph replays (no host launch gaps), L2 flushed before each (FLUSH), in ms; the first
     sixth of the replays are warm-up."""
     if DEVICE == "cpu":
         return bench(fn)
@@ -120,10 +136,10 @@ def bench_graph(fn, replays=60):
         with torch.cuda.graph(graph, stream=stream):
             fn()
     torch.cuda.synchronize()
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device=DEVICE)
+    flush = flush_l2()
     times = []
     for _ in range(replays):
-        flush.zero_()
+        flush()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
@@ -1116,6 +1132,7 @@ def dry_run_shapes():
 
 
 def main():
+    global FLUSH
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time configs and partition sizes")
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
@@ -1133,6 +1150,8 @@ def main():
     parser.add_argument("--combine-programs-per-sm", type=int, metavar="N",
                         help="decode's combine splits its blocks until it has N programs a multiprocessor (default "
                              f"{work_split.COMBINE_PROGRAMS_PER_SM}: kernels/work_split.py)")
+    parser.add_argument("--flush", choices=("write", "read"), default=FLUSH,
+                        help=f"how L2 is emptied before each timed replay (FLUSH; default {FLUSH})")
     parser.add_argument("--max-seconds", type=float, default=480,
                         help="--grid starts no cell past this many seconds from the start (default 480)")
     args = parser.parse_args()
@@ -1145,6 +1164,7 @@ def main():
     if args.families and not args.grid:
         parser.error("--families picks the grid's cells: run it with --grid")
     os.makedirs(args.out, exist_ok=True)
+    FLUSH = args.flush
     if args.no_pdl:
         dispatch.PDL = False
     if args.decode_maxnreg is not None:
@@ -1165,7 +1185,7 @@ def main():
                         "mla_mid_heads": mla.MID_HEADS_CONFIG, "mla_many_heads": mla.MANY_HEADS_CONFIG,
                         "mla_prefill": mla.PREFILL_CONFIG, "mla_mha_prefill": mla_mha.CONFIG,
                         "prefill": prefill.CONFIG, "combine_programs_per_sm": work_split.COMBINE_PROGRAMS_PER_SM,
-                        "pdl": dispatch.PDL}}
+                        "pdl": dispatch.PDL}, "flush": FLUSH}
     log("env", json.dumps(env))
     torch.manual_seed(0)
     if args.grid:
