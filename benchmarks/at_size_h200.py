@@ -25,17 +25,18 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import kernels_h200 as kg  # noqa: E402
+from kernels.dispatch import sm_count  # noqa: E402
 
 LOG = []
 GOAL_X = {kg.MLA_DECODE: 1.10, kg.DECODE: 1.10, kg.PREFILL: 1.4, kg.MLA_PREFILL: 1.4, kg.MLA_MHA_PREFILL: 1.4}
 # Streaming reads: (elements a program a step, warps, programs a multiprocessor; None: one program a block)
 READS = ((4096, 4, 16), (8192, 8, 8), (16384, 8, 8), (8192, 8, None))
+REFERENCES = ("read_ms", "cublas_ms", "cudnn_ms")  # a row's times of the references, where they ran
 
 
 def log(*parts):
@@ -62,7 +63,7 @@ def _nothing(x_ptr):
 
 
 def sms():
-    return torch.cuda.get_device_properties(0).multi_processor_count if kg.DEVICE == "cuda" else 4
+    return sm_count(torch.device(kg.DEVICE))
 
 
 def read_call(buffers, config):
@@ -78,7 +79,7 @@ def read_call(buffers, config):
 
 def time_read(c, layers, replays):
     """The fastest read of the cell's cache bytes, per layer (ms), and which read it was."""
-    buffers = [torch.empty(kg.cache_bytes(c) // 2, device=kg.DEVICE, dtype=kg.DTYPE).normal_()
+    buffers = [torch.empty(kg.cache_bytes(c) // kg.DTYPE.itemsize, device=kg.DEVICE, dtype=kg.DTYPE).normal_()
                for _ in range(layers)]
     timed = []
     for config in (*READS, "torch.sum"):
@@ -157,10 +158,14 @@ def grid_rows(path, min_floor_us, g):
     if path is None:
         return [(c, {"floor_ms": kg.floor_ms(kg.traffic_bytes(c), kg.attention_flops(c), kg.H200_COPY_BPS,
                                              kg.H200_MM_FLOPS), "ms": None}) for c in cells.values()]
-    with open(path) as f:
-        rows = json.load(f)["rows"]
-    return [(cells[r["family"], r["name"]], r) for r in rows
-            if r["status"] == "ok" and r["floor_ms"] * 1e3 >= min_floor_us and (r["family"], r["name"]) in cells]
+    try:
+        with open(path) as f:
+            rows = json.load(f)["rows"]
+        return [(cells[r["family"], r["name"]], r) for r in rows if r["status"] == "ok"
+                and r["floor_ms"] * 1e3 >= min_floor_us and (r["family"], r["name"]) in cells]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        why = f"no field {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        raise SystemExit(f"at_size_h200.py: --grid-json {path}: not a kernels_h200.py --grid JSON ({why})") from None
 
 
 def x_of(row, key):
@@ -188,8 +193,7 @@ def report(rows, bounds):
             continue
         goal = GOAL_X[family]
         met = [r for r in mine if r.get("ms") and r["ms"] / r["floor_ms"] <= goal]
-        refs = [(min(r[k] for k in ("read_ms", "cublas_ms", "cudnn_ms") if r.get(k)), r) for r in mine
-                if any(r.get(k) for k in ("read_ms", "cublas_ms", "cudnn_ms"))]
+        refs = [(min(r[k] for k in REFERENCES if r.get(k)), r) for r in mine if any(r.get(k) for k in REFERENCES)]
         over = sorted((ms / r["floor_ms"], r["name"]) for ms, r in refs if ms / r["floor_ms"] > goal)
         log(f"{family:26s} {len(mine):3d} cells: ours at the goal {len(met):3d}; fastest reference over it "
             f"{len(over):3d}" + (f" (worst {over[-1][0]:.2f}x, {over[-1][1]})" if over else ""))

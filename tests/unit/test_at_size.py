@@ -39,3 +39,23 @@ def test_the_verdict_counts_our_cells_at_the_goal_and_references_over_it(monkeyp
     assert verdict[kg.DECODE].split() == "3 cells: ours at the goal 1; fastest reference over it 2 (worst 1.30x, b)".split()
     assert verdict[kg.PREFILL].split() == "1 cells: ours at the goal 0; fastest reference over it 0".split()
     assert set(verdict) == {kg.DECODE, kg.PREFILL}
+
+
+def test_a_grid_json_it_cannot_read_is_a_one_line_error_naming_the_file(tmp_path):
+    missing, rowless, fieldless = tmp_path / "none.json", tmp_path / "rowless.json", tmp_path / "fieldless.json"
+    rowless.write_text(json.dumps({"env": {}}))
+    fieldless.write_text(json.dumps({"rows": [{"family": kg.DECODE, "name": "GQA 28/4 b1 x 1K", "status": "ok"}]}))
+    for path, why in ((rowless, "no field 'rows'"), (fieldless, "no field 'floor_ms'")):
+        try:
+            at.grid_rows(str(path), 10.0, kg.GRID)
+        except SystemExit as e:
+            assert str(e) == f"at_size_h200.py: --grid-json {path}: not a kernels_h200.py --grid JSON ({why})"
+        else:
+            raise AssertionError(f"{path} was read as a grid")
+    done = subprocess.run([sys.executable, "benchmarks/at_size_h200.py", "--grid-json", str(missing), "--out",
+                           str(tmp_path)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"at_size_h200.py: --grid-json {missing}: not a kernels_h200.py --grid JSON ([Errno 2] No such file or "
+        f"directory: '{missing}')"]
