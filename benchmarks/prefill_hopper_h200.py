@@ -7,6 +7,10 @@ replays, L2 flushed). Triton's interpreter cannot run Gluon: this is the kernel'
 CPU suite only compiles it for sm_90).
 
     PYTHONUNBUFFERED=1 python benchmarks/prefill_hopper_h200.py [--out DIR] [--cells 1x2K 8x2K 2Kon30K ...]
+        [--variants hopper k_first ...] [--rounds N]
+
+--rounds N times every variant N times, alternately (hopper, k_first, ..., triton, then again), and gives each its
+median: variants a few percent apart are compared on the same minutes of the machine, not one after another.
 
 Writes prefill_hopper_h200.json to DIR ($OUT on the device machine) and prints a short table last.
 """
@@ -32,8 +36,16 @@ TRITON = {"hopper": False}
 # stored from the accumulators (WIDE_STORE off). hopper-again: the default once more, last, so that a drift of the
 # machine within the run shows. Dropped: pingpong (FlashAttention-3's ping-pong consumers; with WIDE_STORE, 2026-12-04
 # *_pingpong: level with the default's own first and last times on all 6 cells; before it, session 21's run-6).
+# k_first, split_q, fma_scale: prefill_hopper's K_FIRST, SPLIT_Q, FMA_SCALE (an item's start, the softmax's scale);
+# schedule: the three together.
 VARIANTS = {"hopper": HOPPER, "per_item": {**HOPPER, "hopper_persistent": False},
-            "narrow": {**HOPPER, "hopper_wide_store": False}, "hopper-again": HOPPER}
+            "narrow": {**HOPPER, "hopper_wide_store": False},
+            "k_first": {**HOPPER, "hopper_k_first": True}, "split_q": {**HOPPER, "hopper_split_q": True},
+            "fma_scale": {**HOPPER, "hopper_fma_scale": True},
+            "schedule": {**HOPPER, "hopper_k_first": True, "hopper_split_q": True, "hopper_fma_scale": True},
+            "hopper-again": HOPPER}
+TIMED = dict(VARIANTS)  # the variants this run checks and times (--variants)
+ROUNDS = 1
 # (query heads, KV heads, [(sequence length, new tokens)], cache block size, dtype, tiles_first)
 CHECKS = [
     (28, 4, [(2048, 2048)], 16, torch.bfloat16, None),
@@ -80,9 +92,9 @@ def check(q_heads, kv_heads, seqs, block_size, dtype, tiles_first, gen):
     ref = reference.paged_prefill(q.float(), k.float(), v.float(), table, cu, seq_lens, scale)
     row = {"heads": f"{q_heads}/{kv_heads}", "seqs": seqs, "block_size": block_size, "dtype": str(dtype)[6:],
            "tiles_first": tiles_first, "triton_rel_err": rel_err(run(TRITON), ref)}
-    for name, cfg in VARIANTS.items():
+    for name, cfg in TIMED.items():
         row[f"{name}_rel_err"] = rel_err(run(cfg), ref)  # NaN where any NaN got out
-    row["ok"] = all(row[f"{name}_rel_err"] < BOUND for name in VARIANTS)
+    row["ok"] = all(row[f"{name}_rel_err"] < BOUND for name in TIMED)
     return row
 
 
@@ -108,9 +120,9 @@ def mla_check(heads, seqs, window, gen):
                                     scale)
     row = {"heads": f"MLA {heads}h", "seqs": seqs, "window": window, "block_size": 16, "dtype": "bfloat16",
            "triton_rel_err": rel_err(run(TRITON), ref)}
-    for name, cfg in VARIANTS.items():
+    for name, cfg in TIMED.items():
         row[f"{name}_rel_err"] = rel_err(run(cfg), ref)
-    row["ok"] = all(row[f"{name}_rel_err"] < BOUND for name in VARIANTS)
+    row["ok"] = all(row[f"{name}_rel_err"] < BOUND for name in TIMED)
     return row
 
 
@@ -140,9 +152,17 @@ def time_cell(c, bandwidth, rate, gen):
     triton_out = build["output_with"](TRITON)
     replays = grid.replays_for(floor)
     row = {"cell": c.name, "floor_ms": floor}
-    for name, cfg in {**VARIANTS, "triton": TRITON}.items():
-        ms = bench_graph(build["with_config"](cfg), replays)
+    timed = {**TIMED, "triton": TRITON}
+    runs = {name: build["with_config"](cfg) for name, cfg in timed.items()}
+    times = {name: [] for name in timed}
+    for _ in range(ROUNDS):  # alternately: every variant once a round
+        for name, fn in runs.items():
+            times[name].append(bench_graph(fn, replays))
+    for name, cfg in timed.items():
+        ms = sorted(times[name])[len(times[name]) // 2]
         row.update({f"{name}_ms": ms, f"{name}_x": ms / floor})
+        if ROUNDS > 1:
+            row[f"{name}_rounds_ms"] = times[name]
         if name != "triton":
             row[f"{name}_rel_err_vs_triton"] = rel_err(build["output_with"](cfg), triton_out)
     sdpa, _ = grid.time_sdpa(build["sdpa"], floor, replays)
@@ -156,7 +176,14 @@ def main():
     parser.add_argument("--cells", nargs="*", type=cell, default=[cell(name) for name in CELLS],
                         help="prefill cells to time, as 1x32K, 8x2K or 2Kon30K (GQA 28/4), mla16h4K (decompressed MLA)")
     parser.add_argument("--checks", type=int, default=len(CHECKS) + len(MLA_CHECKS), help="run the first N checks only")
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                        help="the Gluon configs to check and time (the first is the one Triton is compared with)")
+    parser.add_argument("--rounds", type=int, default=1, help="time every variant this many times, alternately")
     args = parser.parse_args()
+    global ROUNDS
+    ROUNDS = max(args.rounds, 1)
+    TIMED.clear()
+    TIMED.update({name: VARIANTS[name] for name in args.variants})
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
@@ -166,7 +193,7 @@ def main():
                              time_cell, gen)
     if result is None:
         return 1
-    names = [*VARIANTS, "triton", "sdpa"]
+    names = [*TIMED, "triton", "sdpa"]
     print(f"{'prefill cell':36} {'floor ms':>9}" + "".join(f"{n + ' ms':>11} {'x':>6}" for n in names)
           + f" {'triton / ' + names[0]:>16}")
     for r in result["cells"]:
