@@ -65,8 +65,14 @@ PERSISTENT, PERSISTENT_UP_TO = None, 8192
 # under the last item's end); SPLIT_Q gives each consumer its own query half, freed and refilled on its own barriers,
 # so the consumer that finishes first starts the next item without waiting for the other's output. FMA_SCALE: the
 # softmax scale folded into the exponent's operand (exp2(s x scale - max), one FFMA), the row max taken unscaled.
-K_FIRST, SPLIT_Q, FMA_SCALE = False, False, False
-SCHEDULE = {"k_first": K_FIRST, "split_q": SPLIT_Q, "fma_scale": FMA_SCALE}  # their config keys, hopper_*
+K_FIRST, SPLIT_Q, FMA_SCALE = False, False, True
+# PEELED: the tile loop in two, the tiles every row of the consumer sees whole, then those it masks (the causal
+# diagonal, the sequence's end), each without a branch on the mask. With the branch in the loop, ptxas puts the wait
+# for the last P x V at the top of the block after it, above the softmax (the SASS: WARPGROUP.DEPBAR.LE 0 before every
+# MUFU.EX2 of the loop), so a consumer's softmax never ran under its own P x V.
+PEELED = False
+SCHEDULE = {"k_first": K_FIRST, "split_q": SPLIT_Q, "fma_scale": FMA_SCALE,  # their config keys, hopper_*
+            "peeled": PEELED}
 WARPS_C, REGS_C = gl.constexpr([CONSUMER_WARPS, PRODUCER_WARPS]), gl.constexpr([CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -289,16 +295,28 @@ def _scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME: gl.constexpr, c, zeros, ROPE: g
 
 
 @gluon.jit
-def _softmax_step(s, i, whole, keys, q_pos, kv_end, qk_scale, m, l, WINDOWED: gl.constexpr, FMA_SCALE: gl.constexpr):
-    """Tile i's scores (keys: its first key's position + each column) into the online softmax: P (unnormalized, in
+def _mask(s, first_key, q_pos, kv_end):
+    """Scores of keys after a row's position, or from kv_end on, to -inf (first_key: the position of s's column 0;
+    the columns' positions made here, not held in registers across the tile loop)."""
+    keys = first_key + gl.arange(0, s.shape[1], gl.SliceLayout(0, s.type.layout))
+    return gl.where((keys[None, :] <= q_pos[:, None]) & (keys < kv_end)[None, :], s, float("-inf"))
+
+
+@gluon.jit
+def _softmax_step(s, i, whole, t_base, q_pos, kv_end, qk_scale, m, l, WINDOWED: gl.constexpr, FMA_SCALE: gl.constexpr,
+                  MASKED: gl.constexpr):
+    """Tile i's scores (t_base: tile 0's first key's position) into the online softmax: P (unnormalized, in
     the frame of the new max), the new max, the old frame's factor and the row sums. Tiles from `whole` on are masked
-    (causally, and keys from kv_end on). The max is kept scaled (qk_scale > 0: the max of the unscaled scores, scaled,
+    (causally, and keys from kv_end on); MASKED True or False: tile i is known to be or not (None: checked here).
+    The max is kept scaled (qk_scale > 0: the max of the unscaled scores, scaled,
     is the scaled scores' max)."""
     if not FMA_SCALE:
         s = s * qk_scale
-    if i >= whole:
-        keys = keys + i * 128
-        s = gl.where((keys[None, :] <= q_pos[:, None]) & (keys < kv_end)[None, :], s, float("-inf"))
+    if MASKED is None:
+        if i >= whole:
+            s = _mask(s, t_base + i * 128, q_pos, kv_end)
+    elif MASKED:
+        s = _mask(s, t_base + i * 128, q_pos, kv_end)
     row_max = gl.max(s, axis=1)
     if FMA_SCALE:
         row_max = row_max * qk_scale
@@ -327,10 +345,29 @@ def _values(acc, p, v_s, v_ready, c, rest, p_regs: gl.constexpr, ld: gl.constexp
 
 
 @gluon.jit
+def _overlapped_tile(smem, bars, ME: gl.constexpr, i, c, zeros, acc, p, m, alpha, l, whole, t_base, q_pos, kv_end,
+                     qk_scale, tokens, p_regs: gl.constexpr, ld: gl.constexpr, rows_o: gl.constexpr,
+                     ROPE: gl.constexpr, WINDOWED: gl.constexpr, FMA_SCALE: gl.constexpr, MASKED: gl.constexpr):
+    """Tile i (the ring's c-th) with OVERLAP: its scores issued, then tile i - 1's P x V; its softmax runs while that
+    P x V does, and acc is rescaled into its frame once it is done."""
+    q_s, qpe_s, k_s, kpe_s, v_s = smem
+    q_ready, q_free, k_ready, v_ready, k_free, v_free = bars
+    STAGES: gl.constexpr = k_s.type.shape[0]
+    s = _scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, c, zeros, ROPE)
+    acc = _values(acc, p, v_s, v_ready, c - 1, tokens - (i - 1) * 128, p_regs, ld)
+    s = warpgroup_mma_wait(1, deps=[s])  # the scores (the older group): P x V may still run
+    mbarrier.arrive(k_free.index(c % STAGES), count=1)
+    p, m, alpha, l = _softmax_step(s, i, whole, t_base, q_pos, kv_end, qk_scale, m, l, WINDOWED, FMA_SCALE, MASKED)
+    acc = warpgroup_mma_wait(0, deps=[acc])
+    mbarrier.arrive(v_free.index((c - 1) % STAGES), count=1)
+    return acc * gl.convert_layout(alpha, rows_o)[:, None], p, m, alpha, l
+
+
+@gluon.jit
 def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head,
               stride_lse_tok, qk_scale, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, OVERLAP: gl.constexpr,
               WINDOWED: gl.constexpr, stamps_ptr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr,
-              SPLIT_Q: gl.constexpr, FMA_SCALE: gl.constexpr):
+              SPLIT_Q: gl.constexpr, FMA_SCALE: gl.constexpr, PEELED: gl.constexpr):
     """For each item, rows ME x 64 .. + 63 of its query tile: the online softmax over its key tiles (tile i: the
     sequence's tokens t_base + i x 128 ..), then the output (WINDOWED: with each row's log2-sum-exp, -inf where it saw
     no key). OVERLAP: tile i's scores issued before tile i - 1's P x V, its exponentials computed while that runs."""
@@ -362,7 +399,6 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
                 stamp_gluon(stamps_ptr, stamp_row, 0, STAMP_WIDTH)
             row0 = q_tile * 128 + ME * 64  # index among the new tokens of this consumer's first row
             q_pos = prefix + row0 + gl.arange(0, 64, gl.SliceLayout(1, s_layout))
-            keys = t_base + gl.arange(0, 128, gl.SliceLayout(0, s_layout))
             # tiles every row of it sees in full (<= 0 where none: truncated, not floored)
             whole = gl.maximum(gl.minimum(gl.minimum((prefix + row0 + 1 - t_base) // 128, (kv_end - t_base) // 128),
                                           n_tiles), 0)
@@ -378,19 +414,17 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
                 if STAMP:
                     stamp_gluon(stamps_ptr, stamp_row, 2, STAMP_WIDTH)
                 mbarrier.arrive(k_free.index(tiles % STAGES), count=1)
-                p, m, alpha, l = _softmax_step(s, 0, whole, keys, q_pos, kv_end, qk_scale, m, l,
-                                                    WINDOWED, FMA_SCALE)
-                for i in range(1, n_tiles):
-                    c = tiles + i
-                    s = _scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, c, zeros, ROPE)
-                    acc = _values(acc, p, v_s, v_ready, c - 1, tokens - (i - 1) * 128, p_regs, ld)
-                    s = warpgroup_mma_wait(1, deps=[s])  # the scores (the older group): P x V may still run
-                    mbarrier.arrive(k_free.index(c % STAGES), count=1)
-                    p, m, alpha, l = _softmax_step(s, i, whole, keys, q_pos, kv_end, qk_scale, m, l,
-                                                    WINDOWED, FMA_SCALE)
-                    acc = warpgroup_mma_wait(0, deps=[acc])
-                    mbarrier.arrive(v_free.index((c - 1) % STAGES), count=1)
-                    acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+                p, m, alpha, l = _softmax_step(s, 0, whole, t_base, q_pos, kv_end, qk_scale, m, l, WINDOWED,
+                                               FMA_SCALE, None)
+                for i in range(1, whole if PEELED else n_tiles):
+                    acc, p, m, alpha, l = _overlapped_tile(smem, bars, ME, i, tiles + i, zeros, acc, p, m, alpha, l,
+                                                           whole, t_base, q_pos, kv_end, qk_scale, tokens, p_regs, ld,
+                                                           rows_o, ROPE, WINDOWED, FMA_SCALE, False if PEELED else None)
+                if PEELED:
+                    for i in range(gl.maximum(whole, 1), n_tiles):
+                        acc, p, m, alpha, l = _overlapped_tile(smem, bars, ME, i, tiles + i, zeros, acc, p, m, alpha,
+                                                               l, whole, t_base, q_pos, kv_end, qk_scale, tokens, p_regs,
+                                                               ld, rows_o, ROPE, WINDOWED, FMA_SCALE, True)
                 if not WIDE_STORE:
                     mbarrier.arrive(q_free, count=1)  # every score of the item done: the next query may load
                 c = tiles + n_tiles - 1
@@ -406,8 +440,8 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
                         s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, c, zeros,
                                                                 ROPE)])
                         mbarrier.arrive(k_free.index(c % STAGES), count=1)
-                        p, m, alpha, l = _softmax_step(s, i, whole, keys, q_pos, kv_end, qk_scale, m, l,
-                                                    WINDOWED, FMA_SCALE)
+                        p, m, alpha, l = _softmax_step(s, i, whole, t_base, q_pos, kv_end, qk_scale, m, l, WINDOWED,
+                                                       FMA_SCALE, None)
                         acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
                         acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, c, tokens - i * 128, p_regs,
                                                                   ld)])
@@ -453,7 +487,8 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
                     num_items, num_tiles, num_units, num_seqs, tiles_first, stamps_ptr,
                     GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, STAGES: gl.constexpr,
                     OVERLAP: gl.constexpr, WINDOWED: gl.constexpr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr,
-                    K_FIRST: gl.constexpr, SPLIT_Q: gl.constexpr, FMA_SCALE: gl.constexpr):
+                    K_FIRST: gl.constexpr, SPLIT_Q: gl.constexpr, FMA_SCALE: gl.constexpr,
+                    PEELED: gl.constexpr):
     """Items: (query tile, query head, sequence), num_items of them (_item), taken by the programs in rounds.
     BLOCK_SIZE > 0: keys and values in the paged cache (block_table_ptr), seq_lens_ptr each sequence's length.
     BLOCK_SIZE 0: contiguous keys, seq_lens_ptr the cumulative lengths (sequence i's keys are rows [cu[i], cu[i+1]).
@@ -461,7 +496,7 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
     WINDOWED (contiguous keys): the keys and values hold the packed tokens [window_start, window_end) only; each row
     attends over its sequence's tokens there and writes its log-sum-exp to lse_ptr (mla_mha's context windows).
     STAMPS: time stamps to stamps_ptr (STAMP_NAMES). WIDE_STORE: the output through the query's shared memory.
-    K_FIRST, SPLIT_Q, FMA_SCALE: the module's constants of those names."""
+    K_FIRST, SPLIT_Q, FMA_SCALE, PEELED: the module's constants of those names."""
     q_s = gl.allocate_shared_memory(q_desc.dtype, [2, 64, q_desc.block_type.shape[1]], q_desc.layout)
     k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 128, k_desc.block_type.shape[1]], k_desc.layout)
     v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 128, v_desc.block_type.shape[1]], v_desc.layout)
@@ -492,10 +527,10 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
     gl.warp_specialize([
         (_consumer, (0, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
                      qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE, SPLIT_Q,
-                     FMA_SCALE)),
+                     FMA_SCALE, PEELED)),
         (_consumer, (1, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
                      qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE, SPLIT_Q,
-                     FMA_SCALE)),
+                     FMA_SCALE, PEELED)),
         (_producer, ((q_desc, qpe_desc, k_desc, kpe_desc, v_desc), smem, bars,
                      (q_head_cols, qpe_head_cols, k_head_cols, v_head_cols), problem, order, block_table_ptr,
                      stride_bt_seq, GROUP, BLOCK_SIZE, ROPE, WINDOWED, K_FIRST, SPLIT_Q)),
@@ -524,13 +559,13 @@ def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, til
     """The kernel over prefill_grid's items (its grid and order): one program an item, or with `persistent` one a
     multiprocessor (shared memory holds one) taking items in rounds, the next item's query and first keys loaded
     under the last one's end. stamps: None, or int64 [programs x rounds, len(STAMP_NAMES)] at least (rounds_of).
-    schedule: (K_FIRST, SPLIT_Q, FMA_SCALE), the module's where None."""
+    schedule: (K_FIRST, SPLIT_Q, FMA_SCALE, PEELED), the module's where None."""
     (q_desc, q_hc), (qpe_desc, qpe_hc), (k_desc, k_hc), (kpe_desc, _), (v_desc, v_hc) = descs
     tiles, units, seqs = grid if tiles_first else (grid[2], grid[0], grid[1])
     items = tiles * units * seqs
     programs, _ = rounds_of(items, tiles, persistent, out.device)
     assert stamps is None or stamps.dtype == torch.int64, "config stamps: an int64 tensor"
-    k_first, split_q, fma_scale = schedule or SCHEDULE.values()
+    k_first, split_q, fma_scale, peeled = schedule or SCHEDULE.values()
     _prefill_hopper[(programs,)](
         q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table, cu_seqlens_q, seq_lens, out,
         out if lse is None else lse, qk_scale, block_table.stride(0) if block_table.dim() == 2 else 0,
@@ -539,7 +574,7 @@ def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, til
         GROUP=group, BLOCK_SIZE=block_size, ROPE=rope, STAGES=stages, OVERLAP=overlap,
         WINDOWED=lse is not None, STAMPS=stamps is not None,
         WIDE_STORE=wide_store and out.dtype == q_desc.base.dtype and out.shape[-1] == q_desc.block_shape[1],
-        K_FIRST=k_first, SPLIT_Q=split_q, FMA_SCALE=fma_scale,
+        K_FIRST=k_first, SPLIT_Q=split_q, FMA_SCALE=fma_scale, PEELED=peeled,
         num_warps=CONSUMER_WARPS, maxnreg=MAXNREG)
     return out
 
