@@ -36,14 +36,11 @@ TRITON = {"hopper": False}
 # stored from the accumulators (WIDE_STORE off). hopper-again: the default once more, last, so that a drift of the
 # machine within the run shows. Dropped: pingpong (FlashAttention-3's ping-pong consumers; with WIDE_STORE, 2026-12-04
 # *_pingpong: level with the default's own first and last times on all 6 cells; before it, session 21's run-6).
-# k_first, split_q, peeled: prefill_hopper's K_FIRST, SPLIT_Q, PEELED; schedule: k_first and split_q together.
-# (FMA_SCALE, the default since 2026-12-04 *_schedule-1: 2-4% faster on all 6 cells timed there.)
-SCHEDULE = {"hopper_k_first": True, "hopper_split_q": True}
+# Dropped on 2026-12-04 (*_schedule-1, -2, 3 rounds alternately): k_first (an item's first key tile before its
+# query) and split_q (a query half and barrier pair a consumer), alone or together level or mixed (-3% to +5%);
+# peeled (the tile loop split at the mask) 1.2-1.3x the time; fma_scale became the kernel's one way (2-4% faster).
 VARIANTS = {"hopper": HOPPER, "per_item": {**HOPPER, "hopper_persistent": False},
-            "narrow": {**HOPPER, "hopper_wide_store": False},
-            "k_first": {**HOPPER, "hopper_k_first": True}, "split_q": {**HOPPER, "hopper_split_q": True},
-            "schedule": {**HOPPER, **SCHEDULE}, "peeled": {**HOPPER, "hopper_peeled": True},
-            "peeled_schedule": {**HOPPER, **SCHEDULE, "hopper_peeled": True}, "hopper-again": HOPPER}
+            "narrow": {**HOPPER, "hopper_wide_store": False}, "hopper-again": HOPPER}
 TIMED = dict(VARIANTS)  # the variants this run checks and times (--variants)
 ROUNDS = 1
 # (query heads, KV heads, [(sequence length, new tokens)], cache block size, dtype, tiles_first)

@@ -39,8 +39,8 @@ LOG2E = 1.4426950408889634
 # prompt from 2.99x of the FLOP floor to 1.99x (kernels_h200_*_grid, 48 configs of grouped rows), and one query head
 # per program, no group padding, to 1.89x; within 0.16x of the best config on every other prefill cell (*_grid-2).
 # hopper: on an sm_90 GPU, kernels/prefill_hopper.py (Gluon, warp-specialized) where its shapes allow (hopper_stages:
-# its key/value tiles in flight; hopper_overlap: its consumers' OVERLAP; hopper_persistent, hopper_wide_store,
-# hopper_k_first, hopper_split_q, hopper_fma_scale, hopper_peeled: its constants of those names).
+# its key/value tiles in flight; hopper_overlap: its consumers' OVERLAP; hopper_persistent, hopper_wide_store: its
+# PERSISTENT, WIDE_STORE).
 CONFIG = {"rows": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "split_causal": True,
           "one_head_per_program": True, "tiles_first": None, "hopper": True}
 CPU_CONFIG = {"rows": 16, "block_n": 16}  # the interpreter: small tiles run faster

@@ -60,19 +60,9 @@ STAMP_WIDTH = gl.constexpr(len(STAMP_NAMES))
 # at 32K 0.77-0.93x (MLA 16h 8.8 -> 11.5 ms): programs that launch in step read the same keys from L2, dealt ones
 # drift apart over long key ranges.
 PERSISTENT, PERSISTENT_UP_TO = None, 8192
-# An item's start (prefill_timeline run-2, 8 x 2K: ~2.2 us fixed an item, 28 items on the busiest program): K_FIRST
-# issues the next item's first key tile before waiting for the query buffer (its block numbers' load and TMA then run
-# under the last item's end); SPLIT_Q gives each consumer its own query half, freed and refilled on its own barriers,
-# so the consumer that finishes first starts the next item without waiting for the other's output. FMA_SCALE: the
-# softmax scale folded into the exponent's operand (exp2(s x scale - max), one FFMA), the row max taken unscaled.
-K_FIRST, SPLIT_Q, FMA_SCALE = False, False, True
-# PEELED: the tile loop in two, the tiles every row of the consumer sees whole, then those it masks (the causal
-# diagonal, the sequence's end), each without a branch on the mask. With the branch in the loop, ptxas puts the wait
-# for the last P x V at the top of the block after it, above the softmax (the SASS: WARPGROUP.DEPBAR.LE 0 before every
-# MUFU.EX2 of the loop), so a consumer's softmax never ran under its own P x V.
-PEELED = False
-SCHEDULE = {"k_first": K_FIRST, "split_q": SPLIT_Q, "fma_scale": FMA_SCALE,  # their config keys, hopper_*
-            "peeled": PEELED}
+# The softmax scale goes into the exponent's operand, exp2(s x scale - max), one FFMA an element, the row max taken
+# of the unscaled scores and scaled once (61 fewer instructions in the dense tile loop): 2-4% faster on all 6 cells
+# timed (prefill_hopper_h200_2026-12-04_*_schedule-1, 3 rounds alternately; 8 x 2K 0.492 -> 0.473 ms).
 WARPS_C, REGS_C = gl.constexpr([CONSUMER_WARPS, PRODUCER_WARPS]), gl.constexpr([CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -192,50 +182,17 @@ def _load_tile(desc, i, k_start, bt_row, seq_blocks, col, bar, dest, BLOCK_SIZE:
 
 
 @gluon.jit
-def _load_query(q_desc, qpe_desc, q_s, qpe_s, q_ready, q_free, items, q_row, head, q_cols, qpe_cols, half: gl.constexpr,
-                HALVES: gl.constexpr, ROPE: gl.constexpr):
-    """Query rows half x 64 .. of the item's tile (HALVES of them: 1, or 2 on this one barrier pair) into their half
-    of the query buffer, once its consumers are done with the last item's."""
-    mbarrier.wait(q_free, (items & 1) ^ 1)
-    if ROPE > 0:
-        mbarrier.expect(q_ready, HALVES * (q_desc.block_type.nbytes + qpe_desc.block_type.nbytes))
-    else:
-        mbarrier.expect(q_ready, HALVES * q_desc.block_type.nbytes)
-    for j in gl.static_range(half, half + HALVES):
-        if ROPE > 0:
-            tma.async_copy_global_to_shared(qpe_desc, [q_row + j * 64, head * qpe_cols], q_ready, qpe_s.index(j))
-        tma.async_copy_global_to_shared(q_desc, [q_row + j * 64, head * q_cols], q_ready, q_s.index(j))
-
-
-@gluon.jit
-def _load_keys(k_desc, kpe_desc, k_s, kpe_s, k_ready, k_free, c, i, k_row, bt_row, seq_blocks, col,
-               BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr):
-    """Key tile i of the item (the ring's c-th) into its stage, once both consumers are done with the stage's last."""
-    STAGES: gl.constexpr = k_s.type.shape[0]
-    K_BYTES: gl.constexpr = (128 // k_desc.block_type.shape[0]) * k_desc.block_type.nbytes
-    stage = c % STAGES
-    mbarrier.wait(k_free.index(stage), ((c // STAGES) & 1) ^ 1)
-    if ROPE > 0:  # the rope keys every head shares, contiguous
-        mbarrier.expect(k_ready.index(stage), K_BYTES + kpe_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(kpe_desc, [k_row + i * 128, 0], k_ready.index(stage), kpe_s.index(stage))
-    else:
-        mbarrier.expect(k_ready.index(stage), K_BYTES)
-    _load_tile(k_desc, i, k_row, bt_row, seq_blocks, col, k_ready.index(stage), k_s.index(stage), BLOCK_SIZE)
-
-
-@gluon.jit
 def _producer(descs, smem, bars, head_cols, problem, order, block_table_ptr, stride_bt_seq, GROUP: gl.constexpr,
-              BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, WINDOWED: gl.constexpr, K_FIRST: gl.constexpr,
-              SPLIT_Q: gl.constexpr):
-    """For each item: its query tile once both consumers are done with the last one's (SPLIT_Q: each half once its
-    consumer is), then every key tile's K and, a tile behind, its V into the ring of stages (continued across items),
-    each once both consumers are done with the stage's last one. K_FIRST: the first key tile before the query."""
+              BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, WINDOWED: gl.constexpr):
+    """For each item: its query tile once both consumers are done with the last one's, then every key tile's K and,
+    a tile behind, its V into the ring of stages (continued across items), each once both consumers are done with the
+    stage's last one."""
     q_desc, qpe_desc, k_desc, kpe_desc, v_desc = descs
     q_s, qpe_s, k_s, kpe_s, v_s = smem
     q_ready, q_free, k_ready, v_ready, k_free, v_free = bars
     q_cols, qpe_cols, k_cols, v_cols = head_cols
     STAGES: gl.constexpr = k_s.type.shape[0]
-    FIRST: gl.constexpr = 1 if K_FIRST else 0  # the key tile the loop below starts at
+    K_BYTES: gl.constexpr = (128 // k_desc.block_type.shape[0]) * k_desc.block_type.nbytes
     items = 0  # items done: the query buffer's fills
     tiles = 0  # key tiles done: the ring's fills
     for k in range(gl.cdiv(order[0], gl.num_programs(0))):
@@ -244,29 +201,36 @@ def _producer(descs, smem, bars, head_cols, problem, order, block_table_ptr, str
             q_tile, seq, problem, BLOCK_SIZE, WINDOWED)
         if valid & (q_tile * 128 < q_len):
             q_row = q_start + q_tile * 128
+            mbarrier.wait(q_free, (items & 1) ^ 1)
+            if ROPE > 0:
+                mbarrier.expect(q_ready, 2 * (q_desc.block_type.nbytes + qpe_desc.block_type.nbytes))
+                tma.async_copy_global_to_shared(qpe_desc, [q_row, head * qpe_cols], q_ready, qpe_s.index(0))
+                tma.async_copy_global_to_shared(qpe_desc, [q_row + 64, head * qpe_cols], q_ready, qpe_s.index(1))
+            else:
+                mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [q_row, head * q_cols], q_ready, q_s.index(0))
+            tma.async_copy_global_to_shared(q_desc, [q_row + 64, head * q_cols], q_ready, q_s.index(1))
             bt_row = block_table_ptr + seq * stride_bt_seq
             k_row = k_start + t_base
-            k_col = head // GROUP * k_cols
-            if K_FIRST and n_tiles > 0:
-                _load_keys(k_desc, kpe_desc, k_s, kpe_s, k_ready, k_free, tiles, 0, k_row, bt_row, seq_blocks, k_col,
-                           BLOCK_SIZE, ROPE)
-            if SPLIT_Q:
-                for half in gl.static_range(2):
-                    _load_query(q_desc, qpe_desc, q_s, qpe_s, q_ready.index(half), q_free.index(half), items, q_row,
-                                head, q_cols, qpe_cols, half, 1, ROPE)
-            else:
-                _load_query(q_desc, qpe_desc, q_s, qpe_s, q_ready.index(0), q_free.index(0), items, q_row, head,
-                            q_cols, qpe_cols, 0, 2, ROPE)
+            kv_head = head // GROUP
             for i in range(n_tiles + 1):
-                if (i < n_tiles) & (i >= FIRST):
-                    _load_keys(k_desc, kpe_desc, k_s, kpe_s, k_ready, k_free, tiles + i, i, k_row, bt_row, seq_blocks,
-                               k_col, BLOCK_SIZE, ROPE)
+                if i < n_tiles:
+                    stage = (tiles + i) % STAGES
+                    mbarrier.wait(k_free.index(stage), (((tiles + i) // STAGES) & 1) ^ 1)
+                    if ROPE > 0:  # the rope keys every head shares, contiguous
+                        mbarrier.expect(k_ready.index(stage), K_BYTES + kpe_desc.block_type.nbytes)
+                        tma.async_copy_global_to_shared(kpe_desc, [k_row + i * 128, 0], k_ready.index(stage),
+                                                        kpe_s.index(stage))
+                    else:
+                        mbarrier.expect(k_ready.index(stage), K_BYTES)
+                    _load_tile(k_desc, i, k_row, bt_row, seq_blocks, kv_head * k_cols, k_ready.index(stage),
+                               k_s.index(stage), BLOCK_SIZE)
                 if i > 0:  # the values a tile behind: a consumer needs tile i's keys before tile i - 1's values
                     stage = (tiles + i - 1) % STAGES
                     mbarrier.wait(v_free.index(stage), (((tiles + i - 1) // STAGES) & 1) ^ 1)
                     mbarrier.expect(v_ready.index(stage),
                                     (128 // v_desc.block_type.shape[0]) * v_desc.block_type.nbytes)
-                    _load_tile(v_desc, i - 1, k_row, bt_row, seq_blocks, head // GROUP * v_cols, v_ready.index(stage),
+                    _load_tile(v_desc, i - 1, k_row, bt_row, seq_blocks, kv_head * v_cols, v_ready.index(stage),
                                v_s.index(stage), BLOCK_SIZE)
             items += 1
             tiles += n_tiles
@@ -295,40 +259,20 @@ def _scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME: gl.constexpr, c, zeros, ROPE: g
 
 
 @gluon.jit
-def _mask(s, first_key, q_pos, kv_end):
-    """Scores of keys after a row's position, or from kv_end on, to -inf (first_key: the position of s's column 0;
-    the columns' positions made here, not held in registers across the tile loop)."""
-    keys = first_key + gl.arange(0, s.shape[1], gl.SliceLayout(0, s.type.layout))
-    return gl.where((keys[None, :] <= q_pos[:, None]) & (keys < kv_end)[None, :], s, float("-inf"))
-
-
-@gluon.jit
-def _softmax_step(s, i, whole, t_base, q_pos, kv_end, qk_scale, m, l, WINDOWED: gl.constexpr, FMA_SCALE: gl.constexpr,
-                  MASKED: gl.constexpr):
-    """Tile i's scores (t_base: tile 0's first key's position) into the online softmax: P (unnormalized, in
+def _softmax_step(s, i, whole, t_base, q_pos, kv_end, qk_scale, m, l, WINDOWED: gl.constexpr):
+    """Tile i's unscaled scores (t_base: tile 0's first key's position) into the online softmax: P (unnormalized, in
     the frame of the new max), the new max, the old frame's factor and the row sums. Tiles from `whole` on are masked
-    (causally, and keys from kv_end on); MASKED True or False: tile i is known to be or not (None: checked here).
-    The max is kept scaled (qk_scale > 0: the max of the unscaled scores, scaled,
-    is the scaled scores' max)."""
-    if not FMA_SCALE:
-        s = s * qk_scale
-    if MASKED is None:
-        if i >= whole:
-            s = _mask(s, t_base + i * 128, q_pos, kv_end)
-    elif MASKED:
-        s = _mask(s, t_base + i * 128, q_pos, kv_end)
-    row_max = gl.max(s, axis=1)
-    if FMA_SCALE:
-        row_max = row_max * qk_scale
-    m_new = gl.maximum(m, row_max)
+    (causally, and keys from kv_end on). The max is kept scaled (qk_scale > 0: the unscaled scores' max, scaled, is the
+    scaled scores' max)."""
+    if i >= whole:
+        keys = t_base + i * 128 + gl.arange(0, 128, gl.SliceLayout(0, s.type.layout))
+        s = gl.where((keys[None, :] <= q_pos[:, None]) & (keys < kv_end)[None, :], s, float("-inf"))
+    m_new = gl.maximum(m, gl.max(s, axis=1) * qk_scale)
     frame = m_new  # finite from tile 0 on, unless WINDOWED: every row sees its sequence's key 0
     if WINDOWED:  # a row may have seen no key of the window yet (its max -inf): P and alpha 0, not NaN
         frame = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2(m - frame)
-    if FMA_SCALE:
-        p = gl.exp2(s * qk_scale - frame[:, None])
-    else:
-        p = gl.exp2(s - frame[:, None])
+    p = gl.exp2(s * qk_scale - frame[:, None])
     return p, m_new, alpha, l * alpha + gl.sum(p, axis=1)
 
 
@@ -345,37 +289,14 @@ def _values(acc, p, v_s, v_ready, c, rest, p_regs: gl.constexpr, ld: gl.constexp
 
 
 @gluon.jit
-def _overlapped_tile(smem, bars, ME: gl.constexpr, i, c, zeros, acc, p, m, alpha, l, whole, t_base, q_pos, kv_end,
-                     qk_scale, tokens, p_regs: gl.constexpr, ld: gl.constexpr, rows_o: gl.constexpr,
-                     ROPE: gl.constexpr, WINDOWED: gl.constexpr, FMA_SCALE: gl.constexpr, MASKED: gl.constexpr):
-    """Tile i (the ring's c-th) with OVERLAP: its scores issued, then tile i - 1's P x V; its softmax runs while that
-    P x V does, and acc is rescaled into its frame once it is done."""
-    q_s, qpe_s, k_s, kpe_s, v_s = smem
-    q_ready, q_free, k_ready, v_ready, k_free, v_free = bars
-    STAGES: gl.constexpr = k_s.type.shape[0]
-    s = _scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, c, zeros, ROPE)
-    acc = _values(acc, p, v_s, v_ready, c - 1, tokens - (i - 1) * 128, p_regs, ld)
-    s = warpgroup_mma_wait(1, deps=[s])  # the scores (the older group): P x V may still run
-    mbarrier.arrive(k_free.index(c % STAGES), count=1)
-    p, m, alpha, l = _softmax_step(s, i, whole, t_base, q_pos, kv_end, qk_scale, m, l, WINDOWED, FMA_SCALE, MASKED)
-    acc = warpgroup_mma_wait(0, deps=[acc])
-    mbarrier.arrive(v_free.index((c - 1) % STAGES), count=1)
-    return acc * gl.convert_layout(alpha, rows_o)[:, None], p, m, alpha, l
-
-
-@gluon.jit
 def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head,
               stride_lse_tok, qk_scale, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, OVERLAP: gl.constexpr,
-              WINDOWED: gl.constexpr, stamps_ptr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr,
-              SPLIT_Q: gl.constexpr, FMA_SCALE: gl.constexpr, PEELED: gl.constexpr):
+              WINDOWED: gl.constexpr, stamps_ptr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr):
     """For each item, rows ME x 64 .. + 63 of its query tile: the online softmax over its key tiles (tile i: the
     sequence's tokens t_base + i x 128 ..), then the output (WINDOWED: with each row's log2-sum-exp, -inf where it saw
     no key). OVERLAP: tile i's scores issued before tile i - 1's P x V, its exponentials computed while that runs."""
     q_s, qpe_s, k_s, kpe_s, v_s = smem
     q_ready, q_free, k_ready, v_ready, k_free, v_free = bars
-    QB: gl.constexpr = ME if SPLIT_Q else 0  # this consumer's query barriers
-    q_ready = q_ready.index(QB)
-    q_free = q_free.index(QB)
     V_DIM: gl.constexpr = v_s.type.shape[2]
     STAGES: gl.constexpr = k_s.type.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -414,17 +335,21 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
                 if STAMP:
                     stamp_gluon(stamps_ptr, stamp_row, 2, STAMP_WIDTH)
                 mbarrier.arrive(k_free.index(tiles % STAGES), count=1)
-                p, m, alpha, l = _softmax_step(s, 0, whole, t_base, q_pos, kv_end, qk_scale, m, l, WINDOWED,
-                                               FMA_SCALE, None)
-                for i in range(1, whole if PEELED else n_tiles):
-                    acc, p, m, alpha, l = _overlapped_tile(smem, bars, ME, i, tiles + i, zeros, acc, p, m, alpha, l,
-                                                           whole, t_base, q_pos, kv_end, qk_scale, tokens, p_regs, ld,
-                                                           rows_o, ROPE, WINDOWED, FMA_SCALE, False if PEELED else None)
-                if PEELED:
-                    for i in range(gl.maximum(whole, 1), n_tiles):
-                        acc, p, m, alpha, l = _overlapped_tile(smem, bars, ME, i, tiles + i, zeros, acc, p, m, alpha,
-                                                               l, whole, t_base, q_pos, kv_end, qk_scale, tokens, p_regs,
-                                                               ld, rows_o, ROPE, WINDOWED, FMA_SCALE, True)
+                p, m, alpha, l = _softmax_step(s, 0, whole, t_base, q_pos, kv_end, qk_scale, m, l, WINDOWED)
+                for i in range(1, n_tiles):
+                    c = tiles + i
+                    s = _scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, c, zeros, ROPE)
+                    acc = _values(acc, p, v_s, v_ready, c - 1, tokens - (i - 1) * 128, p_regs, ld)
+                    s = warpgroup_mma_wait(1, deps=[s])  # the scores (the older group): P x V may still run
+                    mbarrier.arrive(k_free.index(c % STAGES), count=1)
+                    # As compiled, ptxas puts the next wait at the top of the block after the mask's branch, above
+                    # this softmax: each consumer's softmax runs under the other's products, not its own. The loop
+                    # split at the mask, without the branch, keeps the order but spills ~31 registers a tile (P in
+                    # float32 and the next scores live at once): 1.2-1.3x the time (2026-12-04 *_schedule-2).
+                    p, m, alpha, l = _softmax_step(s, i, whole, t_base, q_pos, kv_end, qk_scale, m, l, WINDOWED)
+                    acc = warpgroup_mma_wait(0, deps=[acc])
+                    mbarrier.arrive(v_free.index((c - 1) % STAGES), count=1)
+                    acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
                 if not WIDE_STORE:
                     mbarrier.arrive(q_free, count=1)  # every score of the item done: the next query may load
                 c = tiles + n_tiles - 1
@@ -440,8 +365,8 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
                         s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, c, zeros,
                                                                 ROPE)])
                         mbarrier.arrive(k_free.index(c % STAGES), count=1)
-                        p, m, alpha, l = _softmax_step(s, i, whole, t_base, q_pos, kv_end, qk_scale, m, l, WINDOWED,
-                                                       FMA_SCALE, None)
+                        p, m, alpha, l = _softmax_step(s, i, whole, t_base, q_pos, kv_end, qk_scale, m, l,
+                                                       WINDOWED)
                         acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
                         acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, c, tokens - i * 128, p_regs,
                                                                   ld)])
@@ -486,17 +411,14 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
                     q_head_cols, qpe_head_cols, k_head_cols, v_head_cols, window_start, window_end,
                     num_items, num_tiles, num_units, num_seqs, tiles_first, stamps_ptr,
                     GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, STAGES: gl.constexpr,
-                    OVERLAP: gl.constexpr, WINDOWED: gl.constexpr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr,
-                    K_FIRST: gl.constexpr, SPLIT_Q: gl.constexpr, FMA_SCALE: gl.constexpr,
-                    PEELED: gl.constexpr):
+                    OVERLAP: gl.constexpr, WINDOWED: gl.constexpr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr):
     """Items: (query tile, query head, sequence), num_items of them (_item), taken by the programs in rounds.
     BLOCK_SIZE > 0: keys and values in the paged cache (block_table_ptr), seq_lens_ptr each sequence's length.
     BLOCK_SIZE 0: contiguous keys, seq_lens_ptr the cumulative lengths (sequence i's keys are rows [cu[i], cu[i+1]).
     ROPE > 0: scores over q/k nope plus rope columns (qpe_desc, kpe_desc: the rope keys shared by every head).
     WINDOWED (contiguous keys): the keys and values hold the packed tokens [window_start, window_end) only; each row
     attends over its sequence's tokens there and writes its log-sum-exp to lse_ptr (mla_mha's context windows).
-    STAMPS: time stamps to stamps_ptr (STAMP_NAMES). WIDE_STORE: the output through the query's shared memory.
-    K_FIRST, SPLIT_Q, FMA_SCALE, PEELED: the module's constants of those names."""
+    STAMPS: time stamps to stamps_ptr (STAMP_NAMES). WIDE_STORE: the output through the query's shared memory."""
     q_s = gl.allocate_shared_memory(q_desc.dtype, [2, 64, q_desc.block_type.shape[1]], q_desc.layout)
     k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 128, k_desc.block_type.shape[1]], k_desc.layout)
     v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 128, v_desc.block_type.shape[1]], v_desc.layout)
@@ -506,15 +428,14 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
     else:  # unused
         qpe_s = q_s
         kpe_s = k_s
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # a pair a half (SPLIT_Q)
-    q_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for h in gl.static_range(2):
-        mbarrier.init(q_ready.index(h), count=1)
-        mbarrier.init(q_free.index(h), count=1 if SPLIT_Q else 2)  # its consumer, or both on pair 0
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_free, count=2)  # both consumers
     for b in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(b), count=1)
         mbarrier.init(v_ready.index(b), count=1)
@@ -526,14 +447,12 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
     order = (num_items, num_tiles, num_units, num_seqs, tiles_first)
     gl.warp_specialize([
         (_consumer, (0, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
-                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE, SPLIT_Q,
-                     FMA_SCALE, PEELED)),
+                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE)),
         (_consumer, (1, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
-                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE, SPLIT_Q,
-                     FMA_SCALE, PEELED)),
+                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE)),
         (_producer, ((q_desc, qpe_desc, k_desc, kpe_desc, v_desc), smem, bars,
                      (q_head_cols, qpe_head_cols, k_head_cols, v_head_cols), problem, order, block_table_ptr,
-                     stride_bt_seq, GROUP, BLOCK_SIZE, ROPE, WINDOWED, K_FIRST, SPLIT_Q)),
+                     stride_bt_seq, GROUP, BLOCK_SIZE, ROPE, WINDOWED)),
     ], WARPS_C, REGS_C)
 
 
@@ -541,8 +460,7 @@ def options(config, stages):
     """The kernel's options from a caller's config (its hopper_* keys), `stages` where it names none."""
     return {"stages": config.get("hopper_stages", stages), "overlap": config.get("hopper_overlap", OVERLAP),
             "persistent": config.get("hopper_persistent", PERSISTENT), "stamps": config.get("stamps"),
-            "wide_store": config.get("hopper_wide_store", WIDE_STORE),
-            "schedule": tuple(config.get(f"hopper_{name}", default) for name, default in SCHEDULE.items())}
+            "wide_store": config.get("hopper_wide_store", WIDE_STORE)}
 
 
 def rounds_of(items, tiles, persistent, device):
@@ -554,18 +472,15 @@ def rounds_of(items, tiles, persistent, device):
 
 
 def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first, group,
-            block_size, rope, stages, overlap, persistent, stamps=None, wide_store=WIDE_STORE, schedule=None, lse=None,
-            window=(0, 0)):
+            block_size, rope, stages, overlap, persistent, stamps=None, wide_store=WIDE_STORE, lse=None, window=(0, 0)):
     """The kernel over prefill_grid's items (its grid and order): one program an item, or with `persistent` one a
     multiprocessor (shared memory holds one) taking items in rounds, the next item's query and first keys loaded
-    under the last one's end. stamps: None, or int64 [programs x rounds, len(STAMP_NAMES)] at least (rounds_of).
-    schedule: (K_FIRST, SPLIT_Q, FMA_SCALE, PEELED), the module's where None."""
+    under the last one's end. stamps: None, or int64 [programs x rounds, len(STAMP_NAMES)] at least (rounds_of)."""
     (q_desc, q_hc), (qpe_desc, qpe_hc), (k_desc, k_hc), (kpe_desc, _), (v_desc, v_hc) = descs
     tiles, units, seqs = grid if tiles_first else (grid[2], grid[0], grid[1])
     items = tiles * units * seqs
     programs, _ = rounds_of(items, tiles, persistent, out.device)
     assert stamps is None or stamps.dtype == torch.int64, "config stamps: an int64 tensor"
-    k_first, split_q, fma_scale, peeled = schedule or SCHEDULE.values()
     _prefill_hopper[(programs,)](
         q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table, cu_seqlens_q, seq_lens, out,
         out if lse is None else lse, qk_scale, block_table.stride(0) if block_table.dim() == 2 else 0,
@@ -574,14 +489,12 @@ def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, til
         GROUP=group, BLOCK_SIZE=block_size, ROPE=rope, STAGES=stages, OVERLAP=overlap,
         WINDOWED=lse is not None, STAMPS=stamps is not None,
         WIDE_STORE=wide_store and out.dtype == q_desc.base.dtype and out.shape[-1] == q_desc.block_shape[1],
-        K_FIRST=k_first, SPLIT_Q=split_q, FMA_SCALE=fma_scale, PEELED=peeled,
         num_warps=CONSUMER_WARPS, maxnreg=MAXNREG)
     return out
 
 
 def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, qk_scale, grid, tiles_first, out,
-                         *, stages=STAGES, overlap=OVERLAP, persistent=PERSISTENT, stamps=None, wide_store=WIDE_STORE,
-                         schedule=None):
+                         *, stages=STAGES, overlap=OVERLAP, persistent=PERSISTENT, stamps=None, wide_store=WIDE_STORE):
     """prefill.paged_prefill on this kernel (supported() must hold), over prefill.prefill_grid's grid of BLOCK_M-row
     query tiles by query heads by sequences. qk_scale: the softmax scale times log2(e)."""
     block_size = k_cache.shape[1]
@@ -590,13 +503,12 @@ def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_len
     k_desc = _descriptor(_tokens(k_cache), box)
     descs = (q_desc, q_desc, k_desc, k_desc, _descriptor(_tokens(v_cache), box))  # no rope: its slots unused
     return _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first,
-                   q.shape[1] // k_cache.shape[2], block_size, 0, stages, overlap, persistent, stamps, wide_store,
-                   schedule)
+                   q.shape[1] // k_cache.shape[2], block_size, 0, stages, overlap, persistent, stamps, wide_store)
 
 
 def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_scale, grid, tiles_first, out, lse=None,
                        window=(0, 0), *, stages=MLA_STAGES, overlap=OVERLAP, persistent=PERSISTENT, stamps=None,
-                       wide_store=WIDE_STORE, schedule=None):
+                       wide_store=WIDE_STORE):
     """mla_mha's decompressed prefill (mla_supported() must hold): q_nope [T, H, 128] and q_pe [T, H, 64] of the new
     tokens, kv [C, H, 256] the context tokens' per-head keys (nope) then values, k_pe [C, 64] their rope keys,
     sequence i's token 0 at row cu_seqlens_k[i]; out [T, H, 128]. With lse [T, H], kv and k_pe hold the packed
@@ -604,4 +516,4 @@ def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_sc
     descs = (_descriptor(q_nope, HALF_M), _descriptor(q_pe, HALF_M), _descriptor(kv[..., :128], BLOCK_N),
              _descriptor(k_pe.unsqueeze(1), BLOCK_N), _descriptor(kv[..., 128:], BLOCK_N))
     return _launch(grid, descs, cu_seqlens_k, cu_seqlens_q, cu_seqlens_k, out, qk_scale, tiles_first, 1, 0,
-                   q_pe.shape[-1], stages, overlap, persistent, stamps, wide_store, schedule, lse, window)
+                   q_pe.shape[-1], stages, overlap, persistent, stamps, wide_store, lse, window)
