@@ -7,9 +7,9 @@ replays, L2 flushed). Triton's interpreter cannot run Gluon: this is the kernel'
 CPU suite only compiles it for sm_90).
 
     PYTHONUNBUFFERED=1 python benchmarks/prefill_hopper_h200.py [--out DIR] [--cells 1x2K 8x2K 2Kon30K ...]
-        [--variants hopper k_first ...] [--rounds N]
+        [--variants hopper narrow ...] [--rounds N]
 
---rounds N times every variant N times, alternately (hopper, k_first, ..., triton, then again), and gives each its
+--rounds N times every variant N times, alternately (hopper, narrow, ..., triton, then again), and gives each its
 median: variants a few percent apart are compared on the same minutes of the machine, not one after another.
 
 Writes prefill_hopper_h200.json to DIR ($OUT on the device machine) and prints a short table last.
@@ -17,6 +17,7 @@ Writes prefill_hopper_h200.json to DIR ($OUT on the device machine) and prints a
 import argparse
 import os
 import re
+import statistics
 import sys
 
 import torch
@@ -156,7 +157,7 @@ def time_cell(c, bandwidth, rate, gen):
         for name, fn in runs.items():
             times[name].append(bench_graph(fn, replays))
     for name, cfg in timed.items():
-        ms = sorted(times[name])[len(times[name]) // 2]
+        ms = statistics.median(times[name])
         row.update({f"{name}_ms": ms, f"{name}_x": ms / floor})
         if ROUNDS > 1:
             row[f"{name}_rounds_ms"] = times[name]
@@ -177,8 +178,10 @@ def main():
                         help="the Gluon configs to check and time (the first is the one Triton is compared with)")
     parser.add_argument("--rounds", type=int, default=1, help="time every variant this many times, alternately")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: at least 1")
     global ROUNDS
-    ROUNDS = max(args.rounds, 1)
+    ROUNDS = args.rounds
     TIMED.clear()
     TIMED.update({name: VARIANTS[name] for name in args.variants})
     os.makedirs(args.out, exist_ok=True)
