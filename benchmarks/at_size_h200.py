@@ -217,6 +217,8 @@ def main():
         kg.DEVICE = "cpu"
     g = kg.DRY_GRID if args.dry_run else kg.GRID
     pairs = grid_rows(args.grid_json, 0.0 if args.dry_run else args.min_floor_us, g)
+    if not args.dry_run:  # after the grid JSON: a file it cannot read is named first
+        kg.require_gpu("at_size_h200.py", has_dry_run=True)
     env = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "triton": triton.__version__,
            "device": torch.cuda.get_device_name(0) if kg.DEVICE == "cuda" else "cpu (dry run)",
            "cudnn": torch.backends.cudnn.version() if kg.DEVICE == "cuda" else None, "grid_json": args.grid_json,

@@ -37,6 +37,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"))
     args = parser.parse_args()
+    grid.require_gpu("combine_sweep_h200.py")
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
@@ -55,7 +56,7 @@ def main():
             us = bench_graph(build["step"], grid.replays_for(0.05)) / layers * 1e3
             rows.append({"cell": c.name, "setting": setting, "us": us, "rel_err": err, "ok": err < grid.BF16_BOUND})
             print(json.dumps(rows[-1]), flush=True)
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    device = torch.cuda.get_device_name(0)
     with open(os.path.join(args.out, "combine_sweep_h200.json"), "w") as f:
         json.dump({"device": device, "torch": torch.__version__, "rows": rows}, f, indent=1)
     names = [c.name for c in CELLS]

@@ -26,6 +26,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"))
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: at least 1")
+    kg.require_gpu("flush_ab_h200.py")
     os.makedirs(args.out, exist_ok=True)
     cells = {c.name: c for c in kg.all_cells(kg.GRID) if c.new == 1}
     gen, rows = torch.Generator().manual_seed(0), []

@@ -101,6 +101,14 @@ def log(*parts):
     LOG.append(line)
 
 
+def require_gpu(script, has_dry_run=False):
+    """A device-call script started where torch sees no CUDA GPU: one line naming the script, not a traceback from
+    inside torch's first CUDA call. has_dry_run: the script's --dry-run runs on the CPU, and the line says so."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script}: needs a CUDA GPU; torch {torch.__version__} sees none"
+                         + (" (--dry-run runs on the CPU)" if has_dry_run else ""))
+
+
 def bench(fn):
     """Median of do_bench (L2 flushed before every run, warm-up first), in ms."""
     if DEVICE == "cpu":  # --dry-run: one untimed call checks the plumbing
@@ -1163,6 +1171,8 @@ def main():
         parser.error("--config-sweep times configs on the grid's cells: run it with --grid")
     if args.families and not args.grid:
         parser.error("--families picks the grid's cells: run it with --grid")
+    if not args.dry_run:
+        require_gpu("kernels_h200.py", has_dry_run=True)
     os.makedirs(args.out, exist_ok=True)
     FLUSH = args.flush
     if args.no_pdl:

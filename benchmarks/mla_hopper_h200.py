@@ -151,6 +151,7 @@ def main():
                         help="the timed cells' cache blocks: at random places, or each sequence's in order (each "
                              "cell timed with each)")
     args = parser.parse_args()
+    grid.require_gpu("mla_hopper_h200.py")
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)

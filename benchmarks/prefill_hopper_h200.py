@@ -184,6 +184,7 @@ def main():
     ROUNDS = args.rounds
     TIMED.clear()
     TIMED.update({name: VARIANTS[name] for name in args.variants})
+    grid.require_gpu("prefill_hopper_h200.py")
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
