@@ -30,7 +30,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import kernels_h200 as kg  # noqa: E402
-from kernels.dispatch import sm_count  # noqa: E402
+from memcheck.kernels.dispatch import sm_count  # noqa: E402
 
 LOG = []
 GOAL_X = {kg.MLA_DECODE: 1.10, kg.DECODE: 1.10, kg.PREFILL: 1.4, kg.MLA_PREFILL: 1.4, kg.MLA_MHA_PREFILL: 1.4}

@@ -29,13 +29,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from harness import environment, stacks, units, workload  # noqa: E402
-from harness import project as config  # noqa: E402
-from harness.baselines import BaselineStore  # noqa: E402
-from harness.metrics.catalog import METRICS  # noqa: E402
-from harness.metrics.value import MetricValue  # noqa: E402
-from harness.measurement import Measurement  # noqa: E402
-from harness.runner import MEMORY_ROUND, Settings, memory_round  # noqa: E402
+from memcheck import environment, stacks, units, workload  # noqa: E402
+from memcheck import project as config  # noqa: E402
+from memcheck.baselines import BaselineStore  # noqa: E402
+from memcheck.metrics.catalog import METRICS  # noqa: E402
+from memcheck.metrics.value import MetricValue  # noqa: E402
+from memcheck.measurement import Measurement  # noqa: E402
+from memcheck.runner import MEMORY_ROUND, Settings, memory_round  # noqa: E402
 
 # Exact by construction: these must equal the committed baseline to the byte. (kv.page_footprint is exact
 # for the addresses a run got, but where malloc puts the cache moves it by a page or two: shown as a change.)
@@ -53,7 +53,7 @@ def control(path: str, name: str, stack_name: str, device: str, profile: str) ->
     """The no-collector control, in this (fresh) process: prepare, warm up, run, timed as measure() times."""
     import torch
 
-    from harness.devices import resolve_device
+    from memcheck.devices import resolve_device
 
     wl = _load(path, profile, name)
     dev = resolve_device(device)
@@ -81,9 +81,9 @@ def collected(path: str, name: str, stack_name: str, device: str, profile: str) 
     """The timed round as the harness's worker runs it (default collectors; tracemalloc and the CPU allocator's
     events are the memory round's), in this (fresh) process, plus the CPU time of the run: on a shared machine
     it moves less than wall time when other work takes the cores."""
-    from harness.devices import resolve_device
-    from harness.measure_round import measure
-    from harness.metrics import collect
+    from memcheck.devices import resolve_device
+    from memcheck.measure_round import measure
+    from memcheck.metrics import collect
 
     started, finished, cpu = collect.Collectors.run_started, collect.Collectors.run_finished, {}
     collect.Collectors.run_started = lambda self: (started(self), cpu.setdefault("t0", time.process_time()))

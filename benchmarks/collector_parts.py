@@ -26,11 +26,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from harness import project as config  # noqa: E402
-from harness import stacks, workload  # noqa: E402
-from harness.devices import is_cuda, resolve_device  # noqa: E402
-from harness.metrics.collect import CollectorOptions, Collectors  # noqa: E402
-from harness.metrics.sampler import DeviceSampler  # noqa: E402
+from memcheck import project as config  # noqa: E402
+from memcheck import stacks, workload  # noqa: E402
+from memcheck.devices import is_cuda, resolve_device  # noqa: E402
+from memcheck.metrics.collect import CollectorOptions, Collectors  # noqa: E402
+from memcheck.metrics.sampler import DeviceSampler  # noqa: E402
 
 
 class NullProbe:

@@ -1,4 +1,4 @@
-"""Decode's combine (kernels/work_split.py merge_partials) in other settings, on the small-batch decode cells where it
+"""Decode's combine (memcheck/kernels/work_split.py merge_partials) in other settings, on the small-batch decode cells where it
 is a fifth of the layer: each setting patches the module's constants, rebuilds every cell's CUDA graph, checks the
 output against float32 and times the layer (graph replays, L2 flushed, the attention kernel and the combine).
 Settings run in the order given and then again reversed, so that a drift of the machine shows as a difference between
@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels_h200 as grid  # noqa: E402
 from kernels_h200 import Cell, bench_graph, rel_err  # noqa: E402
-from kernels import work_split  # noqa: E402
+from memcheck.kernels import work_split  # noqa: E402
 
 CELLS = [Cell(grid.MLA_DECODE, b, k * 1024, 1, heads, 1, 512, 64)
          for heads, b, k in ((128, 32, 1), (128, 8, 4), (128, 1, 32), (128, 1, 128), (128, 256, 1), (16, 8, 4),

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from harness.metrics.torch_cpu import CpuTensorCollector, peak_of  # noqa: E402
+from memcheck.metrics.torch_cpu import CpuTensorCollector, peak_of  # noqa: E402
 
 ITERATIONS = 20000
 

@@ -18,11 +18,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.kernels_h200 import DECODE, MLA_DECODE, Cell, decode_cell, mla_decode_cell  # noqa: E402
-from kernels import mla  # noqa: E402
+from memcheck.kernels import mla  # noqa: E402
 
 CONFIGS = {  # MLA decode variants beside the default: 32-head blocks at 128 heads (mma.sync; the loop spills)
     "mla-32-head-blocks": mla.MID_HEADS_CONFIG,
-    "mla-hopper": {**mla.MANY_HEADS_CONFIG, "seesaw": False},  # kernels/mla_hopper.py, the seesaw's predecessor
+    "mla-hopper": {**mla.MANY_HEADS_CONFIG, "seesaw": False},  # memcheck/kernels/mla_hopper.py, the seesaw's predecessor
 }
 CASES = {  # name: (cell, config name or None)
     "mla16-b256x4K": (Cell(MLA_DECODE, 256, 4096, 1, 16, 1, 512, 64), None),

@@ -1,4 +1,4 @@
-"""Where a small decode's time goes, program by program: the decode kernels' time stamps (kernels/stamps.py) on
+"""Where a small decode's time goes, program by program: the decode kernels' time stamps (memcheck/kernels/stamps.py) on
 kernels_h200.py's grid cells, in a CUDA graph of the cell's layers as the grid times them (one GPU).
 
 Usage: python3 benchmarks/decode_timeline.py [--out DIR] [CASE ...]
@@ -22,7 +22,7 @@ from benchmarks.kernels_h200 import (DECODE, GRID, H200_COPY_BPS, H200_MM_FLOPS,
                                      attention_flops, bench_graph, cell_layers, decode_cell, floor_ms,
                                      mla_decode_cell, traffic_bytes)
 from benchmarks import timeline_report  # noqa: E402
-from kernels import stamps  # noqa: E402
+from memcheck.kernels import stamps  # noqa: E402
 
 MAX_PROGRAMS = 132 * 32  # rows of the stamps buffer: more than any grid of these kernels
 

@@ -6,7 +6,7 @@ it, the towers' get_image_features; ModelRunner.step, DecodeGraphs.launch, Engin
 a `with` block; the harness code is not edited. Each tower call and each step is timed between two device
 synchronizes (no-ops on the CPU), so a phase holds its own GPU work, and `rest` is host work alone. The
 synchronizes make the phased run's wall longer than a plain one: they cost a little each, and the engine
-launches a decode-only step before it reads the previous one's tokens (harness/stacks/paged/pending.py), so in a
+launches a decode-only step before it reads the previous one's tokens (memcheck/stacks/paged/pending.py), so in a
 plain run the host's scheduling and packing of step n+1 overlap the GPU's step n, where here they follow it. The
 towers run inside a prefill step: their seconds are taken out of that step's, so the phases add up to the
 engine loop's wall with `rest` the remainder."""

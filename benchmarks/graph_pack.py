@@ -11,7 +11,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from harness.stacks.paged.graphs import DecodeGraphs  # noqa: E402
+from memcheck.stacks.paged.graphs import DecodeGraphs  # noqa: E402
 
 
 def main() -> int:

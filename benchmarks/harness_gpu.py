@@ -16,14 +16,14 @@ import sys
 import time
 
 from benchmarks.suites_h200 import repeat_rows, table
-from harness import units
+from memcheck import units
 
 WORKLOADS = "benchmarks/workloads/harness_gpu.yaml"
 
 
 def start(out: str, tag: str, paths: list[str], *extra: str) -> subprocess.Popen:
     report = os.path.join(out, f"report-{tag}.json")
-    cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider", "--memcheck", *paths,
+    cmd = [sys.executable, "-m", "pytest", "-p", "memcheck.plugin", "-p", "no:cacheprovider", "--memcheck", *paths,
            "--memcheck-baselines", os.path.join(out, f"baselines-{tag}"), "--memcheck-report", report, *extra]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     log = open(os.path.join(out, f"pytest-{tag}.log"), "w")

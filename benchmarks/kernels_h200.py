@@ -39,7 +39,7 @@ replays).
 
 --combine-programs-per-sm N times decode with its combine split until it has N programs a multiprocessor (the
 default's alternatives, side by side with a grid run at the default). --no-pdl launches every kernel without
-programmatic dependent launch (kernels/dispatch.py PDL), the default's alternative. --decode-maxnreg N caps dense
+programmatic dependent launch (memcheck/kernels/dispatch.py PDL), the default's alternative. --decode-maxnreg N caps dense
 decode's registers (more programs a multiprocessor). --flush read empties L2 before each replay by reading 256 MB
 rather than zeroing it (FLUSH: zeroing leaves dirty lines the timed kernels write back).
 """
@@ -58,8 +58,8 @@ import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import kernels  # noqa: E402
-from kernels import decode, dispatch, mla, mla_mha, prefill, reference, work_split  # noqa: E402
+from memcheck import kernels  # noqa: E402
+from memcheck.kernels import decode, dispatch, mla, mla_mha, prefill, reference, work_split  # noqa: E402
 
 DEVICE = "cuda"
 BLOCK = 16
@@ -399,10 +399,10 @@ def check_prefill_and_write(gen):
 
 
 # --grid: issue 14's range, every paged-attention kernel on every shape in one device call, through the entry points
-# the paged stack calls (harness/stacks/paged/attention.py and mla.py), in the stack's layouts.
+# the paged stack calls (memcheck/stacks/paged/attention.py and mla.py), in the stack's layouts.
 MLA_DECODE, DECODE, PREFILL, MLA_PREFILL = "MLA decode", "paged decode", "prefill", "MLA prefill"
 # MLA prefill: the stack's is the decompressed form; the absorbed runs a step where it costs fewer FLOPs (few new
-# tokens on a long prefix: harness/stacks/paged/mla.py's runs_decompressed)
+# tokens on a long prefix: memcheck/stacks/paged/mla.py's runs_decompressed)
 MLA_MHA_PREFILL = "MLA prefill, decompressed"
 FAMILIES = (MLA_DECODE, DECODE, PREFILL, MLA_PREFILL, MLA_MHA_PREFILL)
 FAMILY_KEYS = {"mla-decode": MLA_DECODE, "decode": DECODE, "prefill": PREFILL, "mla-prefill": MLA_PREFILL,
@@ -501,7 +501,7 @@ SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the c
         for block_n, warps, stages, maxnreg in ((64, 4, 2, None), (64, 4, 3, None), (64, 4, 3, 128),
                                                 (64, 4, 2, 128), (32, 4, 2, None), (32, 4, 4, 128), (64, 4, 4, None),
                                                 (128, 4, 2, None))]),
-    # head block, key tile, warps, stages, min_tiles, hopper: the default (kernels/mla_seesaw.py on sm_90) and longer
+    # head block, key tile, warps, stages, min_tiles, hopper: the default (memcheck/kernels/mla_seesaw.py on sm_90) and longer
     # ranges (a 64-head block's partial, 128 KiB, outweighs the 72 KiB latent tile); Triton's _mla_decode at 64-head
     # blocks on two warpgroups' wgmma (the default before the Gluon kernels) and at 32-head blocks on mma.sync
     "mla-decode-128": ("MLA decode, 128 heads", mla.MANY_HEADS_CONFIG, [
@@ -554,7 +554,7 @@ class Cell:
     head_dim: int  # MLA: kv_lora_rank
     rope: int = 0  # MLA: qk_rope_head_dim
     floor_dims: tuple = ()  # (q/k, v) widths of the FLOP floor where the kernel's own math is wider (MLA prefill)
-    check: bool = False  # compared with kernels/reference.py in float32
+    check: bool = False  # compared with memcheck/kernels/reference.py in float32
 
     @property
     def shape(self):
@@ -1151,13 +1151,13 @@ def main():
                              f"({', '.join(SWEEPS)}), every one if none is")
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILY_KEYS), metavar="FAMILY",
                         help=f"--grid runs only these kernel families ({', '.join(FAMILY_KEYS)})")
-    parser.add_argument("--no-pdl", action="store_true", help="no programmatic dependent launch (kernels/dispatch.py)")
+    parser.add_argument("--no-pdl", action="store_true", help="no programmatic dependent launch (memcheck/kernels/dispatch.py)")
     parser.add_argument("--decode-maxnreg", type=int, metavar="N",
-                        help="dense decode's register cap (kernels/decode.py DEFAULT_CONFIG maxnreg; default none: "
+                        help="dense decode's register cap (memcheck/kernels/decode.py DEFAULT_CONFIG maxnreg; default none: "
                              "ptxas's 125-126, 4 programs a multiprocessor)")
     parser.add_argument("--combine-programs-per-sm", type=int, metavar="N",
                         help="decode's combine splits its blocks until it has N programs a multiprocessor (default "
-                             f"{work_split.COMBINE_PROGRAMS_PER_SM}: kernels/work_split.py)")
+                             f"{work_split.COMBINE_PROGRAMS_PER_SM}: memcheck/kernels/work_split.py)")
     parser.add_argument("--flush", choices=("write", "read"), default=FLUSH,
                         help=f"how L2 is emptied before each timed replay (FLUSH; default {FLUSH})")
     parser.add_argument("--max-seconds", type=float, default=480,

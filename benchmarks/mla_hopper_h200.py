@@ -1,7 +1,7 @@
-"""The Hopper MLA decodes (Gluon: kernels/mla_seesaw.py, the default, and kernels/mla_hopper.py) on an H200, in one
+"""The Hopper MLA decodes (Gluon: memcheck/kernels/mla_seesaw.py, the default, and memcheck/kernels/mla_hopper.py) on an H200, in one
 device call: their answers against the float32 reference and Triton's kernel on shapes that exercise the split (odd
 lengths, empty sequences, one long sequence merged from many partials, any grid, 16- and 64-token cache blocks, the
-stack's transposed query layout, fewer heads than a 64-head block), then their time beside Triton's (kernels/mla.py
+stack's transposed query layout, fewer heads than a 64-head block), then their time beside Triton's (memcheck/kernels/mla.py
 at its default config for the head count, hopper off) on 128- and 16-head cells of issue 14's grid (16 heads: one
 block, 48 rows masked), timed as kernels_h200.py times them (CUDA-graph replays, L2 flushed, layers' caches
 past L2). Triton's interpreter cannot run Gluon: this is the kernels' correctness test on the GPU (the CPU suite only
@@ -23,11 +23,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels_h200 as grid  # noqa: E402
 from check_run import check_then_time  # noqa: E402
 from kernels_h200 import Cell, bench_graph, bf16, rel_err  # noqa: E402
-from kernels import mla, reference  # noqa: E402
+from memcheck.kernels import mla, reference  # noqa: E402
 
 BOUND = grid.BF16_BOUND  # relative error of a bf16 output against the float32 reference
-SEESAW = {**mla.MANY_HEADS_CONFIG, "hopper": True, "seesaw": True}  # kernels/mla_seesaw.py, the default
-HOPPER = {**SEESAW, "seesaw": False}  # kernels/mla_hopper.py, the kernel it replaced
+SEESAW = {**mla.MANY_HEADS_CONFIG, "hopper": True, "seesaw": True}  # memcheck/kernels/mla_seesaw.py, the default
+HOPPER = {**SEESAW, "seesaw": False}  # memcheck/kernels/mla_hopper.py, the kernel it replaced
 
 
 def triton_config(heads):
@@ -49,7 +49,7 @@ def triton_config(heads):
 # own first-to-last spread; "seesaw-c2" / "-c4" (same run), a barrier a chunk of 128 / 64 columns of each tile half
 # with the scores begun chunk by chunk (FlashMLA's 9 barriers a buffer): 1.01-1.08x and 1.10-1.22x the time (a TMA
 # copy and partition barrier a chunk a 16-token block).
-# "seesaw-tma" / "seesaw-cp": the seesaw's tiles copied by TMA / by cp.async (kernels/mla_seesaw.py TMA_LOADS);
+# "seesaw-tma" / "seesaw-cp": the seesaw's tiles copied by TMA / by cp.async (memcheck/kernels/mla_seesaw.py TMA_LOADS);
 # "seesaw-f32": float32 partials, stored from the accumulators' layout (bf16 outputs staged, WIDE_STORE);
 # "seesaw-narrow": the default before 2026-12-04's wide-bf16 runs, float32 partials and every store from the
 # accumulators' layout. "seesaw-again": the default once more, listed last, so that a drift of the machine within
@@ -146,7 +146,7 @@ def main():
                         help="cells to time, as b8x4K (128 heads) or 16h:b1x64K")
     parser.add_argument("--variants", nargs="*", choices=[*VARIANTS, "triton"], default=[*VARIANTS, "triton"],
                         help="kernels to check and time, the first the one the others are compared with "
-                             "(triton: kernels/mla.py's own; the others' answers are compared with it either way)")
+                             "(triton: memcheck/kernels/mla.py's own; the others' answers are compared with it either way)")
     parser.add_argument("--tables", nargs="+", choices=["scattered", "contiguous"], default=[grid.TABLES],
                         help="the timed cells' cache blocks: at random places, or each sequence's in order (each "
                              "cell timed with each)")

@@ -53,9 +53,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "paged")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from harness import project as config  # noqa: E402
-from harness import stacks, workload  # noqa: E402
-from harness.devices import resolve_device  # noqa: E402
+from memcheck import project as config  # noqa: E402
+from memcheck import stacks, workload  # noqa: E402
+from memcheck.devices import resolve_device  # noqa: E402
 
 GB = 1e9
 LOG: list[str] = []
@@ -88,7 +88,7 @@ def measured(wl, stack, device):
     """One harness measurement without the host heap, in a fresh worker process as `pytest --memcheck` measures an
     item (in this process the peaks would count what earlier sections left allocated): (measurement, metric values,
     heap peak, seconds)."""
-    from harness.runner import Settings, _measure_in_worker
+    from memcheck.runner import Settings, _measure_in_worker
 
     t = time.perf_counter()
     settings = Settings(device=str(device), rootdir=str(ROOT), python_heap=False, cpu_tensors=device.type == "cpu",
@@ -127,11 +127,11 @@ def memory(wl, device) -> dict:
 
 def logits_agreement(wl, device) -> dict:
     """hf and paged (sharing the weights) on the same prompts; both against float32 on those weights."""
-    from harness.models import build_hf_model, prompt_ids, torch_dtype
-    from harness.stacks.paged.config import EngineConfig, ModelSpec
-    from harness.stacks.paged.engine import Engine
-    from harness.stacks.paged.model import CausalLM
-    from harness.stacks.paged.request import Request
+    from memcheck.models import build_hf_model, prompt_ids, torch_dtype
+    from memcheck.stacks.paged.config import EngineConfig, ModelSpec
+    from memcheck.stacks.paged.engine import Engine
+    from memcheck.stacks.paged.model import CausalLM
+    from memcheck.stacks.paged.request import Request
 
     dtype = torch_dtype(wl, device)
     hf = build_hf_model(wl, device)
@@ -155,8 +155,8 @@ def logits_agreement(wl, device) -> dict:
         before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
         _, paged_logits = engine.runner.step(batch, return_logits=True)
         one_pass = torch.cuda.max_memory_allocated() - before if device.type == "cuda" else None
-        from harness.stacks.paged.workspace import declare
-        from kernels.dispatch import sm_count
+        from memcheck.stacks.paged.workspace import declare
+        from memcheck.kernels.dispatch import sm_count
 
         declared = declare(spec, cfg, requests, torch.empty(0, dtype=dtype).element_size(),
                            sm_count(device) if device.type == "cuda" else None)
@@ -201,8 +201,8 @@ def logits_agreement(wl, device) -> dict:
 
 
 def tiny_tokens(directory, device) -> dict:
-    from harness.stacks.hf import HFStack
-    from harness.stacks.paged import PagedStack
+    from memcheck.stacks.hf import HFStack
+    from memcheck.stacks.paged import PagedStack
     from paged_helpers import ENGINE, FAMILIES, make_workload, run_stack
 
     out = {}
@@ -243,12 +243,12 @@ def copy_bandwidth(device) -> float:
 
 def decode_steps(preset, batches, prompt, device, bandwidth, dry_run) -> dict:
     """Decode step time of the paged engine, graphs on and off, and of stock transformers, per batch."""
-    from harness.models import build_hf_model, prompt_ids
-    from harness.stacks.paged.config import EngineConfig, ModelSpec, blocks_needed
-    from harness.stacks.paged.engine import Engine
-    from harness.stacks.paged.model import CausalLM
-    from harness.stacks.paged.moe import MoE
-    from harness.stacks.paged.request import Request
+    from memcheck.models import build_hf_model, prompt_ids
+    from memcheck.stacks.paged.config import EngineConfig, ModelSpec, blocks_needed
+    from memcheck.stacks.paged.engine import Engine
+    from memcheck.stacks.paged.model import CausalLM
+    from memcheck.stacks.paged.moe import MoE
+    from memcheck.stacks.paged.request import Request
 
     steps = 4 if dry_run else 24
     with tempfile.TemporaryDirectory() as tmp:
@@ -404,7 +404,7 @@ def moe_tiles(device) -> dict:
 
     import triton.testing
 
-    from kernels import moe
+    from memcheck.kernels import moe
 
     gen = torch.Generator(device=device).manual_seed(0)
     experts, hidden, inter, top_k = 64, 2048, 1408, 6
@@ -448,14 +448,14 @@ DECODE_SPLIT_SHAPES = [("mla v2-lite b8 x 550", 8, 550, 16), ("mla v2-lite b32 x
 
 
 def decode_split(device, bandwidth) -> dict:
-    """The decode kernels at min_tiles 1, 2, 4, 8 (the least tiles per range: kernels/work_split.py): MLA decode
+    """The decode kernels at min_tiles 1, 2, 4, 8 (the least tiles per range: memcheck/kernels/work_split.py): MLA decode
     over DeepSeek-V2-Lite's latent cache (16 heads, 512 + 64) and V2/V3's 128 heads, dense GQA decode over
     R1-Distill-Qwen-7B's (28 / 4 heads of 128). The time of decode plus the merge of its partials as the engine
     runs them: in a CUDA graph, one call per layer over as many layers' caches as make 160 MB (more than the
     50 MB L2: each layer's cache is read cold, as in a decode step; one small cache looped over reads from L2,
     and timing calls one by one times the host), against the KV-bytes floor. Reported only: the best differs by
     shape (the decode section runs each kernel's DEFAULT_CONFIG)."""
-    from kernels import decode, mla
+    from memcheck.kernels import decode, mla
     from kernels_h200 import bench_graph  # the replay timer of the kernel benchmark (benchmarks/ is on sys.path)
 
     gen = torch.Generator(device=device).manual_seed(0)
@@ -516,7 +516,7 @@ def skinny_candidates(n, k, sms):
     that the partials cost more than they spread."""
     import itertools
 
-    from kernels.skinny_gemm import Tiles
+    from memcheck.kernels.skinny_gemm import Tiles
 
     for block_n, block_k, split in itertools.product((32, 64, 128), (128, 256), (1, 2, 4, 8)):
         programs = -(-n // block_n) * split
@@ -525,15 +525,15 @@ def skinny_candidates(n, k, sms):
 
 
 def skinny_gemm(device, bandwidth) -> dict:
-    """kernels.linear's skinny GEMM on the decode step's products (STEP_PRODUCTS at 8 and 32 rows) against cuBLAS
+    """memcheck.kernels.linear's skinny GEMM on the decode step's products (STEP_PRODUCTS at 8 and 32 rows) against cuBLAS
     (F.linear), bf16: in a CUDA graph, one call per copy of the weight over 200+ MB of copies (each read cold, back
     to back as a step's layers run), every tile checked against F.linear first. Where the fastest tile beats cuBLAS
     by 3% or more it becomes this GPU's entry in kernels.skinny_gemm's table (installed for the sections after this
     one, and written as skinny_gemm_tiles.json), else cuBLAS stays. Also: each step's expected saving."""
     import torch.nn.functional as F
 
-    from kernels import skinny_gemm
-    from kernels.dispatch import sm_count
+    from memcheck.kernels import skinny_gemm
+    from memcheck.kernels.dispatch import sm_count
     from kernels_h200 import bench_graph  # the replay timer of the kernel benchmark (benchmarks/ is on sys.path)
 
     gen = torch.Generator(device=device).manual_seed(0)
@@ -583,8 +583,8 @@ def router(device) -> dict:
     sizes: time inside a CUDA graph, and whether every token gets the same experts."""
     import triton.testing
 
-    from kernels import reference
-    from kernels import router as triton_router
+    from memcheck.kernels import reference
+    from memcheck.kernels import router as triton_router
 
     gen = torch.Generator(device=device).manual_seed(0)
     cases = [("v2-lite greedy", 2048, 64, 6, 1, 1, False, 1.0), ("v2 group_limited", 5120, 160, 6, 8, 3, False, 16.0),
@@ -702,7 +702,7 @@ def hf_plain(wl, device) -> dict:
 
 
 def built(name: str, wl, device):
-    """A stack as the harness builds one before its timed run (harness/measure_round.py): check, prepare, warm-up."""
+    """A stack as the harness builds one before its timed run (memcheck/measure_round.py): check, prepare, warm-up."""
     cls = stacks.load(name)
     cls.check(wl, device)
     stack = cls(wl, device)
@@ -716,7 +716,7 @@ def built(name: str, wl, device):
 
 def timed_run(stack, device) -> dict:
     """stack.run once without collectors: its seconds (device synchronized either side), tokens, tokens_per_s."""
-    from harness.stacks.hf import _Unobserved
+    from memcheck.stacks.hf import _Unobserved
 
     sync(device)
     t = time.perf_counter()
@@ -956,7 +956,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "paged_h200.json").write_text(json.dumps(results, indent=1, default=str))
     (out / "paged_h200.log").write_text("\n".join(LOG) + "\n")
-    if "skinny_gemm" in results:  # this GPU's tiles: commit as kernels/skinny_gemm_tiles.json
+    if "skinny_gemm" in results:  # this GPU's tiles: commit as memcheck/kernels/skinny_gemm_tiles.json
         (out / "skinny_gemm_tiles.json").write_text(json.dumps(results["skinny_gemm"]["table"], indent=1) + "\n")
     return 0
 

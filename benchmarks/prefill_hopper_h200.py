@@ -1,5 +1,5 @@
-"""The Hopper prefill (Gluon: kernels/prefill_hopper.py) on an H200, in one device call: its answers against the
-float32 reference and Triton's kernel (kernels/prefill.py, hopper off) on shapes that exercise it (ragged prompts and
+"""The Hopper prefill (Gluon: memcheck/kernels/prefill_hopper.py) on an H200, in one device call: its answers against the
+float32 reference and Triton's kernel (memcheck/kernels/prefill.py, hopper off) on shapes that exercise it (ragged prompts and
 chunks on cached prefixes, query tiles cut by a sequence's end, cache blocks of 16 to 256 tokens, GQA groups of 1 to
 7, fp16, both launch orders, a cache whose unwritten slots hold NaN), then its time beside Triton's and torch SDPA's
 (flash, on a contiguous cache) on issue 14's dense prefill cells, timed as kernels_h200.py times them (CUDA-graph
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels_h200 as grid  # noqa: E402
 from check_run import check_then_time  # noqa: E402
 from kernels_h200 import Cell, bench_graph, rel_err  # noqa: E402
-from kernels import mla_mha, prefill, reference  # noqa: E402
+from memcheck.kernels import mla_mha, prefill, reference  # noqa: E402
 
 BOUND = grid.BF16_BOUND  # relative error of a bf16 output against the float32 reference
 HOPPER = {"hopper": True}
@@ -55,7 +55,7 @@ CHECKS = [
     (28, 4, [(8192, 8192)], 16, torch.bfloat16, None),
 ]
 CELLS = ["1x2K", "1x8K", "1x32K", "8x2K", "2Kon30K", "mla16h4K", "mla16h32K", "mla128h4K", "mla128h32K"]
-# MLA prefill, decompressed (kernels/mla_mha.py): (heads, [(sequence length, new tokens)], context tokens decompressed
+# MLA prefill, decompressed (memcheck/kernels/mla_mha.py): (heads, [(sequence length, new tokens)], context tokens decompressed
 # at a time: None for mla_mha's own, which holds these whole), DeepSeek's widths
 RAGGED = [(1000, 1000), (3000, 200), (17, 17), (130, 1), (700, 129)]
 MLA_CHECKS = [(16, [(4096, 4096)], None), (16, RAGGED, None), (128, [(2000, 2000), (600, 300)], None),

@@ -1,4 +1,4 @@
-"""Where a short prefill's time goes, item by item: the Hopper prefill's time stamps (kernels/prefill_hopper.py,
+"""Where a short prefill's time goes, item by item: the Hopper prefill's time stamps (memcheck/kernels/prefill_hopper.py,
 STAMP_NAMES) on prefill_hopper_h200.py's cells, timed as kernels_h200.py times them (CUDA-graph replays, L2 flushed).
 
 Usage: python3 benchmarks/prefill_timeline.py [--out DIR] [--variants NAME ...] [CELL ...]   (cells: 1x2K, mla16h4K)
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kernels_h200 as grid  # noqa: E402
 from prefill_hopper_h200 import VARIANTS, cell  # noqa: E402
 import timeline_report  # noqa: E402
-from kernels import prefill_hopper  # noqa: E402
+from memcheck.kernels import prefill_hopper  # noqa: E402
 
 CELLS = ["1x2K", "8x2K", "1x8K", "mla16h4K"]
 ROWS = 132 * 64  # stamp rows: programs x rounds of every cell here (one program an item: 8 x 2K's 3,584 items)

@@ -20,7 +20,7 @@ DEFAULT = ("benchmarks/workloads/harness_gpu.yaml", "gpu-tiny-dense")
 def main(argv=None) -> int:
     """In the forked child (the fork server calls main(argv)): the worker round under cProfile."""
     if argv is not None:
-        from harness import worker
+        from memcheck import worker
 
         stats_path, worker_argv = argv[0], argv[1:]
         profile = cProfile.Profile()
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("workload", nargs="?", default=DEFAULT[1])
     p.add_argument("--stacks", default="hf,paged")
     args = p.parse_args()
-    from harness import forkserver, runner
+    from memcheck import forkserver, runner
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()

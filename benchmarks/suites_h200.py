@@ -56,15 +56,15 @@ def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, 
 
 
 def _plugin() -> list[str]:
-    """`-p harness.plugin` where memcheck is not installed (a checkout on a GPU machine); installed, pytest loads it."""
+    """`-p memcheck.plugin` where memcheck is not installed (a checkout on a GPU machine); installed, pytest loads it."""
     from importlib.metadata import entry_points
 
-    installed = any(ep.value == "harness.plugin" for ep in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "harness.plugin"]
+    installed = any(ep.value == "memcheck.plugin" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "memcheck.plugin"]
 
 
 def summary(reports: dict[str, dict]) -> list[tuple]:
-    from harness import units
+    from memcheck import units
 
     rows = [("item", "verdict", "worker s", "timed s", "memory round s", "gpu.heap_alloc.peak", "above weights",
              "kv floor", "tokens/s", "how started")]
@@ -84,8 +84,8 @@ def summary(reports: dict[str, dict]) -> list[tuple]:
 
 def repeat_rows(first: dict, second: dict) -> tuple[list[tuple], float]:
     """Each memory metric of both runs and their difference; the largest difference of a gpu.* / kv.* metric."""
-    from harness import units
-    from harness.metrics.catalog import METRICS
+    from memcheck import units
+    from memcheck.metrics.catalog import METRICS
 
     rows, worst = [("item", "metric", "run 1", "run 2", "diff")], 0.0
     before = {item["id"]: item for item in first["items"]}
@@ -164,7 +164,7 @@ def main() -> int:
         if report is not None:
             reports[key] = report
     if reports:  # this call's reports and any an earlier call of the same run left in OUT/RUN
-        from harness import cli
+        from memcheck import cli
 
         cli.main(["merge", "-o", os.path.join(args.out, args.run, "merged.json"),
                   *(os.path.join(args.out, args.run, f"{key}.json") for key in PARTS

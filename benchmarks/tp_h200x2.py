@@ -59,10 +59,10 @@ def run(out: Path, tag: str, args, update: bool) -> dict:
 
 
 def _plugin() -> list[str]:
-    """-p harness.plugin where memcheck is not installed (the device machine); installed, pytest loads it."""
+    """-p memcheck.plugin where memcheck is not installed (the device machine); installed, pytest loads it."""
     from importlib.metadata import entry_points
 
-    return [] if any(e.name == "memcheck" for e in entry_points(group="pytest11")) else ["-p", "harness.plugin"]
+    return [] if any(e.name == "memcheck" for e in entry_points(group="pytest11")) else ["-p", "memcheck.plugin"]
 
 
 def _select() -> str:
@@ -75,10 +75,10 @@ def check_weights(args) -> dict:
     the first (tensor_parallel 1), tensor by tensor, bit for bit. {workload: mismatching tensor names}."""
     import torch
 
-    from harness import project, stacks, workload
-    from harness.models import build_hf_model
-    from harness.stacks.paged.config import ModelSpec
-    from harness.stacks.paged.model import CausalLM
+    from memcheck import project, stacks, workload
+    from memcheck.models import build_hf_model
+    from memcheck.stacks.paged.config import ModelSpec
+    from memcheck.stacks.paged.model import CausalLM
     from tests.tp.test_tp_shards import rank_model, reassembled
 
     devices = ["cpu", "cpu"] if args.device == "cpu" else ["cuda:0", "cuda:1"]

@@ -29,7 +29,7 @@ from triton.runtime.jit import JITFunction, mangle_type
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kernel_sass  # noqa: E402
-from kernels import (activation, cache_write, decode, mla, mla_hopper, mla_mha, mla_seesaw, moe, norm,  # noqa: E402
+from memcheck.kernels import (activation, cache_write, decode, mla, mla_hopper, mla_mha, mla_seesaw, moe, norm,  # noqa: E402
                      prefill, prefill_hopper, rotary, router, skinny_gemm, stamps)
 
 H200 = GPUTarget("cuda", 90, 32)
@@ -113,7 +113,7 @@ def launches() -> dict[str, tuple]:
     cases = {
         "decode gqa 8/2": lambda: decode.paged_decode(torch.randn(seqs, 8, 128, dtype=bf16), k, v, table, lens,
                                                       0.088, num_programs=4),
-        "decode gqa 8/2, time stamps (kernels/stamps.py)": lambda: decode.paged_decode(
+        "decode gqa 8/2, time stamps (memcheck/kernels/stamps.py)": lambda: decode.paged_decode(
             torch.randn(seqs, 8, 128, dtype=bf16), k, v, table, lens, 0.088, num_programs=4,
             config={"stamps": torch.zeros(4, stamps.SLOTS, dtype=torch.int64)}),
         "prefill gqa 8/2": lambda: prefill.paged_prefill(torch.randn(14, 8, 128, dtype=bf16), k, v, table, cu_q, lens,

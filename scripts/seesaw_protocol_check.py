@@ -1,4 +1,4 @@
-"""Model check of kernels/mla_seesaw.py's mbarrier protocol, on the CPU: the two partitions' waits and arrivals, in
+"""Model check of memcheck/kernels/mla_seesaw.py's mbarrier protocol, on the CPU: the two partitions' waits and arrivals, in
 the kernel's order and with its counters, run as two threads over random schedules of segments (tile counts) with
 random delays. Fails on a deadlock (a wait past the timeout), on a wait whose barrier already completed the phase
 after the one it asks for (hardware would read the parity wrong), and on a buffer, query, P or m slot overwritten

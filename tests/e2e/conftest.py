@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]  # this checkout: the runs under test
 TOY_STACK = '''
 import os, signal
 import torch
-from harness.stacks.hf import HFStack
+from memcheck.stacks.hf import HFStack
 
 
 class ToyStack(HFStack):

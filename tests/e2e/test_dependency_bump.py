@@ -102,7 +102,7 @@ def test_compare_two_real_reports(project, monkeypatch):
     (project.path / "before.json").write_text(json.dumps(before))
 
     def compare(*args):
-        return project.run(sys.executable, "-m", "harness.cli", "compare", *args)
+        return project.run(sys.executable, "-m", "memcheck.cli", "compare", *args)
 
     result = compare("before.json", "after.json", "--markdown", "c.md", "--html", "c.html", "--report", "c.json")
     assert result.ret == 1, result.stdout.str() + result.stderr.str()

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-KERNEL_MODULES = ("kernels.dot", "kernels.work_split", "kernels.cache_write", "kernels.decode", "kernels.prefill",
-                  "kernels.mla", "kernels.mla_mha", "kernels.router", "kernels.moe", "kernels.norm", "kernels.rotary",
-                  "kernels.activation", "kernels.skinny_gemm")
+KERNEL_MODULES = ("memcheck.kernels.dot", "memcheck.kernels.work_split", "memcheck.kernels.cache_write", "memcheck.kernels.decode", "memcheck.kernels.prefill",
+                  "memcheck.kernels.mla", "memcheck.kernels.mla_mha", "memcheck.kernels.router", "memcheck.kernels.moe", "memcheck.kernels.norm", "memcheck.kernels.rotary",
+                  "memcheck.kernels.activation", "memcheck.kernels.skinny_gemm")
 
 _before = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"

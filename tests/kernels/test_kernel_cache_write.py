@@ -5,10 +5,10 @@ import torch
 
 pytest.importorskip("triton")
 
-import kernels  # noqa: E402
+from memcheck import kernels  # noqa: E402
 from kernel_helpers import DTYPES, randn  # noqa: E402
-from kernels import reference  # noqa: E402
-from kernels.cache_write import write_kv  # noqa: E402
+from memcheck.kernels import reference  # noqa: E402
+from memcheck.kernels.cache_write import write_kv  # noqa: E402
 
 
 def slots(gen, num_tokens, num_slots):

@@ -5,7 +5,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernels import work_split  # noqa: E402
+from memcheck.kernels import work_split  # noqa: E402
 
 H200_SMS = 132
 
@@ -84,7 +84,7 @@ def test_partials_a_step_follow_a_sequences_share_of_the_ranges(monkeypatch, seq
 @pytest.mark.parametrize("units, rows, head_dim, programs", [(4, 7, 128, 396), (2, 64, 512, 132), (1, 16, 512, 396)])
 def test_any_batch_compiles_the_combine_of_a_power_of_two(monkeypatch, units, rows, head_dim, programs):
     """A mixed step decodes any count of sequences eagerly; the paged stack warms a CUDA graph for every power of two
-    up to its largest batch (harness/stacks/paged/graphs.py BUCKETS), so a count between two compiles nothing new in
+    up to its largest batch (memcheck/stacks/paged/graphs.py BUCKETS), so a count between two compiles nothing new in
     the timed run: its constexprs are those of the power of two above it."""
     def consts(seqs):
         combine(monkeypatch, seqs=seqs, units=units, rows=rows, head_dim=head_dim, programs=programs)

@@ -31,7 +31,7 @@ def test_every_kernel_compiles_to_sm90_ptx(tmp_path):
                        "_rms_norm", "_rotary", "_silu_mul", "_linear"}, run.stdout
     for ptx in (tmp_path / "ptx").iterdir():
         assert ".target sm_90" in ptx.read_text(), ptx.name
-    # kernels/stamps.py's diagnostic: read in the launches that ask for it (decode, the seesaw, the Hopper prefill),
+    # memcheck/kernels/stamps.py's diagnostic: read in the launches that ask for it (decode, the seesaw, the Hopper prefill),
     # nowhere else
     stamped = sorted(p.name for p in (tmp_path / "ptx").iterdir() if "%globaltimer" in p.read_text())
     assert len(stamped) == 3 and all("time_stamps" in name for name in stamped), stamped

@@ -6,10 +6,10 @@ import torch
 
 pytest.importorskip("triton")
 
-import kernels  # noqa: E402
+from memcheck import kernels  # noqa: E402
 from kernel_helpers import DTYPES, assert_close, poisoned, randn, scattered_block_table  # noqa: E402
-from kernels import reference  # noqa: E402
-from kernels.decode import paged_decode  # noqa: E402
+from memcheck.kernels import reference  # noqa: E402
+from memcheck.kernels.decode import paged_decode  # noqa: E402
 
 RATIOS = {1: (2, 2), 4: (8, 2), 7: (7, 1), 8: (8, 1)}  # GQA ratio -> (query heads, KV heads)
 
@@ -72,7 +72,7 @@ def test_one_long_sequence_merged_from_more_partials_than_a_combine_step_takes(m
     an idle program past the line's tiles changes nothing. The combine's grains: every row of a unit in one program
     (many sequences), the rows halved until the CPU's 4 multiprocessors have a program each, and blocks of two rows
     and the least columns (7 rows leave the last block half empty); a step's partials as one tile or unrolled."""
-    from kernels import work_split
+    from memcheck.kernels import work_split
 
     monkeypatch.setattr(work_split, "COMBINE_PROGRAMS_PER_SM", per_sm)
     monkeypatch.setattr(work_split, "COMBINE_UNROLL_J", unroll_j)

@@ -1,8 +1,8 @@
-"""Triton's dense decode (kernels/decode.py) as the H200 would run it, on this CPU machine: four programs a
+"""Triton's dense decode (memcheck/kernels/decode.py) as the H200 would run it, on this CPU machine: four programs a
 multiprocessor at every batch. Its grid is the programs the GPU holds at once, and at small batches the work phase
 runs at the bandwidth its programs keep in flight: 149 registers a thread (3 programs a multiprocessor) where the
-sequence lengths were summed over 16 lanes, 124-125 (4) from 32 (kernels/decode.py's SEQS_PAD_LEAST). The time
-stamps' build too (kernels/stamps.py), so decode_timeline.py times the grid the decode runs: 155 registers at 32
+sequence lengths were summed over 16 lanes, 124-125 (4) from 32 (memcheck/kernels/decode.py's SEQS_PAD_LEAST). The time
+stamps' build too (memcheck/kernels/stamps.py), so decode_timeline.py times the grid the decode runs: 155 registers at 32
 lanes, 126-128 at its 64."""
 import pytest
 
@@ -13,7 +13,7 @@ CHILD = """
 import json, sys, torch
 sys.path[:0] = [{root!r}, {scripts!r}]
 import kernel_sass, kernels_ptx
-from kernels import decode, stamps
+from memcheck.kernels import decode, stamps
 rows = {{}}
 for heads, kv_heads, stamped in ((28, 4, False), (32, 32, False), (28, 4, True)):
     for seqs in (1, 256):

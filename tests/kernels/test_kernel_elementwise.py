@@ -6,7 +6,7 @@ import torch
 pytest.importorskip("triton")
 
 from kernel_helpers import DTYPES, assert_close, randn  # noqa: E402
-from kernels import activation, norm, reference, rotary  # noqa: E402
+from memcheck.kernels import activation, norm, reference, rotary  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -17,7 +17,7 @@ def run(code):
 def test_import_is_cheap_and_defines_no_version():
     run("""
         import sys
-        import kernels
+        from memcheck import kernels
         assert "torch" not in sys.modules and "triton" not in sys.modules, "kernels imported torch or triton"
         assert not hasattr(kernels, "__version__")
         for name in kernels.__all__:
@@ -29,7 +29,7 @@ def test_cpu_path_without_the_interpreter_needs_no_triton():
     run("""
         import sys
         import torch
-        import kernels
+        from memcheck import kernels
         q = torch.randn(2, 4, 8)
         k = torch.randn(3, 4, 1, 8)
         out = kernels.paged_decode(q, k, k.clone(), torch.tensor([[0, 2], [1, 0]], dtype=torch.int32),

@@ -10,7 +10,7 @@ import torch
 triton = pytest.importorskip("triton")
 tl = triton.language
 
-from kernels import work_split  # noqa: E402
+from memcheck.kernels import work_split  # noqa: E402
 
 
 @functools.cache

@@ -5,10 +5,10 @@ import torch
 
 pytest.importorskip("triton")
 
-import kernels  # noqa: E402
+from memcheck import kernels  # noqa: E402
 from kernel_helpers import DTYPES, assert_close, poisoned, randn, scattered_block_table  # noqa: E402
-from kernels import reference  # noqa: E402
-from kernels.mla import mla_decode, mla_prefill  # noqa: E402
+from memcheck.kernels import reference  # noqa: E402
+from memcheck.kernels.mla import mla_decode, mla_prefill  # noqa: E402
 
 
 def make_case(seed, block_size, heads, lengths, rank=64, rope=16, dtype=torch.float32):
@@ -59,7 +59,7 @@ def test_one_long_sequence_merged_from_many_partials(monkeypatch, min_tiles, per
     """The combine's grains as in test_kernel_decode: 16 rows in one program, halved to 4 (the CPU's 4
     multiprocessors), 2 rows and the least columns; a step's partials as one tile or unrolled. Every range lies
     inside the sequence: one partial each."""
-    from kernels import work_split
+    from memcheck.kernels import work_split
 
     monkeypatch.setattr(work_split, "COMBINE_PROGRAMS_PER_SM", per_sm)
     monkeypatch.setattr(work_split, "COMBINE_UNROLL_J", unroll_j)
@@ -149,9 +149,9 @@ def test_prefill_public_entry_point(monkeypatch):
 
 
 def test_the_hopper_kernel_takes_only_its_own_tiles_where_it_runs(monkeypatch):
-    """kernels/mla_hopper.py (Gluon, sm_90) runs a call only when the config asks for it with its 64-head blocks of
+    """memcheck/kernels/mla_hopper.py (Gluon, sm_90) runs a call only when the config asks for it with its 64-head blocks of
     64-token tiles, on a GPU and shapes it supports, and never where Triton has no Gluon to import."""
-    from kernels import mla
+    from memcheck.kernels import mla
 
     q, q_pe, cache = torch.zeros(1, 128, 512), torch.zeros(1, 128, 64), torch.zeros(1, 16, 576)
     assert not mla._hopper_takes(mla.MANY_HEADS_CONFIG, q, q_pe, cache, 128)  # a CPU tensor

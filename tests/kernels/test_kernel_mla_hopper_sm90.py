@@ -1,4 +1,4 @@
-"""The Gluon MLA decodes (kernels/mla_hopper.py, kernels/mla_seesaw.py) as the H200 would run them, on this CPU
+"""The Gluon MLA decodes (memcheck/kernels/mla_hopper.py, memcheck/kernels/mla_seesaw.py) as the H200 would run them, on this CPU
 machine: their tile loops keep every value in registers. Both sit at ptxas's 255-register edge: session 15's lazy
 rescale, at 16 padded sequences, made ptxas spill in mla_hopper (55 local loads a tile, 1.3-1.7x the time on the
 H200), and its kept loop at 16 rematerializes (725 instructions a tile, not 552;
@@ -19,7 +19,7 @@ CHILD = """
 import json, sys, torch
 sys.path[:0] = [{root!r}, {scripts!r}]
 import kernel_sass, kernels_ptx
-from kernels import mla_hopper
+from memcheck.kernels import mla_hopper
 rows = {{}}
 for seqs in (3, 200, 600):  # padded to 64, 256 and 1024 sequences
     table = torch.zeros(seqs, 8, dtype=torch.int32)
@@ -57,7 +57,7 @@ SEESAW_CHILD = """
 import json, sys, torch
 sys.path[:0] = [{root!r}, {scripts!r}]
 import kernel_sass, kernels_ptx
-from kernels import mla_seesaw
+from memcheck.kernels import mla_seesaw
 rows = {{}}
 # 16: one block, 48 rows masked (V2-Lite); float32: partials as before WIDE_STORE's bf16 default
 for heads, tma, partials in ((128, True, "bfloat16"), (16, True, "bfloat16"), (128, False, "bfloat16"),
@@ -103,7 +103,7 @@ PDL_CHILD = """
 import json, sys, torch
 sys.path[:0] = [{root!r}, {scripts!r}]
 import kernels_ptx
-from kernels import mla_seesaw, work_split
+from memcheck.kernels import mla_seesaw, work_split
 rows = {{}}
 for early in (False, True):  # an sm_90 GPU with dispatch.PDL on, or not
     mla_seesaw.launches_early = work_split.launches_early = lambda device, early=early: early

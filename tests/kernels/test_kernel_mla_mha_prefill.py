@@ -6,10 +6,10 @@ import torch
 
 pytest.importorskip("triton")
 
-import kernels  # noqa: E402
+from memcheck import kernels  # noqa: E402
 from kernel_helpers import assert_close, poisoned, randn, scattered_block_table  # noqa: E402
-from kernels import reference  # noqa: E402
-from kernels.mla_mha import gather_context, mla_mha_prefill, window_tokens  # noqa: E402
+from memcheck.kernels import reference  # noqa: E402
+from memcheck.kernels.mla_mha import gather_context, mla_mha_prefill, window_tokens  # noqa: E402
 
 
 def make_case(seed, block_size, heads, new, prefixes, rank=32, rope=16, nope=16, v_dim=16, dtype=torch.float32):

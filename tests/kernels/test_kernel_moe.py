@@ -6,7 +6,7 @@ import torch
 pytest.importorskip("triton")
 
 from kernel_helpers import DTYPES, assert_close, randn  # noqa: E402
-from kernels import moe, reference  # noqa: E402
+from memcheck.kernels import moe, reference  # noqa: E402
 
 
 def routed(gen, tokens, experts, top_k, skew):

@@ -6,10 +6,10 @@ import torch
 
 pytest.importorskip("triton")
 
-import kernels  # noqa: E402
+from memcheck import kernels  # noqa: E402
 from kernel_helpers import DTYPES, assert_close, poisoned, randn, scattered_block_table  # noqa: E402
-from kernels import reference  # noqa: E402
-from kernels.prefill import paged_prefill  # noqa: E402
+from memcheck.kernels import reference  # noqa: E402
+from memcheck.kernels.prefill import paged_prefill  # noqa: E402
 
 RATIOS = {1: (2, 2), 4: (8, 2), 7: (7, 1), 8: (8, 1)}
 

@@ -1,4 +1,4 @@
-"""The Gluon prefill (kernels/prefill_hopper.py) as the H200 would run it, on this CPU machine: both forms (dense over
+"""The Gluon prefill (memcheck/kernels/prefill_hopper.py) as the H200 would run it, on this CPU machine: both forms (dense over
 the paged cache, decompressed MLA over contiguous keys) issue every product on the tensor cores and keep their tile
 loops nearly free of local memory. The interpreter cannot run Gluon, so the GPU's answers are checked by
 benchmarks/prefill_hopper_h200.py; this checks the code ptxas makes of it, in a child process because this folder's
@@ -12,7 +12,7 @@ CHILD = """
 import json, sys, torch
 sys.path[:0] = [{root!r}, {scripts!r}]
 import kernel_sass, kernels_ptx
-from kernels import prefill_hopper
+from memcheck.kernels import prefill_hopper
 bf16 = torch.bfloat16
 cu_q, table = torch.tensor([0, 60, 97], dtype=torch.int32), torch.zeros(2, 8, dtype=torch.int32)
 lens = torch.tensor([100, 37], dtype=torch.int32)

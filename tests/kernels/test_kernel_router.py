@@ -7,7 +7,7 @@ import torch
 pytest.importorskip("triton")
 
 from kernel_helpers import randn  # noqa: E402
-from kernels import reference, router  # noqa: E402
+from memcheck.kernels import reference, router  # noqa: E402
 
 # (method, experts, top_k, n_group, topk_group, normalise, scaling): V2-Lite, V2, V3 shapes at small width
 CASES = {

@@ -1,4 +1,4 @@
-"""The decode step's linear layers (kernels/skinny_gemm.py, under the interpreter) against F.linear: rows 1 to 64,
+"""The decode step's linear layers (memcheck/kernels/skinny_gemm.py, under the interpreter) against F.linear: rows 1 to 64,
 ragged column blocks and K slices, bias, rows read from a strided view, and the split-K tickets left at zero for
 the next call (a CUDA graph replays the same counters)."""
 import pytest
@@ -8,7 +8,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from kernel_helpers import assert_close, randn  # noqa: E402
-from kernels import skinny_gemm  # noqa: E402
+from memcheck.kernels import skinny_gemm  # noqa: E402
 
 Tiles = skinny_gemm.Tiles
 
@@ -89,11 +89,11 @@ def test_cuda_runs_cublas_without_a_measured_tile_or_outside_a_graph_capture(mon
 
 
 def test_committed_table_holds_tiles_the_kernel_takes(monkeypatch):
-    """kernels/skinny_gemm_tiles.json (written by benchmarks/paged_h200.py on each GPU): every entry is a rows bucket
+    """memcheck/kernels/skinny_gemm_tiles.json (written by benchmarks/paged_h200.py on each GPU): every entry is a rows bucket
     and a product, and its tile runs right here (same kernel, smaller product: K slices of whole tiles)."""
     monkeypatch.setattr(skinny_gemm, "_measured", None)
     table = skinny_gemm._load()
-    assert table, "kernels/skinny_gemm_tiles.json holds no GPU"
+    assert table, "memcheck/kernels/skinny_gemm_tiles.json holds no GPU"
     for gpu, shapes in table.items():
         for key, tiles in shapes.items():
             rows, n, k = map(int, key.split("x"))

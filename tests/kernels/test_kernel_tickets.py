@@ -1,9 +1,9 @@
-"""kernels/tickets.py: the counters are made zeroed, never inside a CUDA graph capture (they would come from the
+"""memcheck/kernels/tickets.py: the counters are made zeroed, never inside a CUDA graph capture (they would come from the
 graph's pool), grow outside one, and a tensor they outgrow stays alive for the graphs that captured it."""
 import pytest
 import torch
 
-from kernels import tickets
+from memcheck.kernels import tickets
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ import pytest
 import torch
 import yaml
 
-from harness import stacks
-from harness.errors import StackUnavailable, UsageError
-from harness.models import hf_config
-from harness.stacks.hf import HFStack
-from harness.stacks.paged import PagedStack
-from harness.workload import load_file
+from memcheck import stacks
+from memcheck.errors import StackUnavailable, UsageError
+from memcheck.models import hf_config
+from memcheck.stacks.hf import HFStack
+from memcheck.stacks.paged import PagedStack
+from memcheck.workload import load_file
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "paged"))
 from paged_helpers import run_stack  # noqa: E402

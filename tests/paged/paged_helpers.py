@@ -1,7 +1,7 @@
 """Shared by the paged-stack tests: scaled-down workloads of the three families and a probe."""
 import yaml
 
-from harness import project, stacks, workload
+from memcheck import project, stacks, workload
 
 # Tiny but complete: GQA with q/k/v bias (Qwen2); MLA without q LoRA + greedy softmax routing + 2 shared
 # experts (V2-Lite); MLA with q LoRA + noaux_tc sigmoid routing over groups + a dense first layer (V3).

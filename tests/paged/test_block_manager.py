@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from harness.stacks.paged.block_manager import NO_HASH, BlockManager
-from harness.stacks.paged.sequence import Sequence
+from memcheck.stacks.paged.block_manager import NO_HASH, BlockManager
+from memcheck.stacks.paged.sequence import Sequence
 
 TOKENS = st.integers(0, 2)  # few distinct tokens: equal blocks, hence prefix hits, are common
 

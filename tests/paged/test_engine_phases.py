@@ -4,7 +4,7 @@ No time is asserted (the CPU here is shared)."""
 import torch
 
 from benchmarks.engine_phases import PHASES, EnginePhases
-from harness.stacks.paged import PagedStack
+from memcheck.stacks.paged import PagedStack
 from paged_helpers import Probe, make_workload
 from test_paged_images import REQUESTS, VL
 

@@ -4,7 +4,7 @@ whose input ids come from the previous step's tokens on the device (not read by 
 import torch
 import torch.nn.functional as F
 
-from harness.stacks.paged.graphs import DecodeGraphs
+from memcheck.stacks.paged.graphs import DecodeGraphs
 
 
 class Done:

@@ -2,7 +2,7 @@
 process per item, collectors, baselines, verdict), as `pytest --memcheck` runs it."""
 import os
 
-from harness.runner import Settings, run_item
+from memcheck.runner import Settings, run_item
 from paged_helpers import make_workload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

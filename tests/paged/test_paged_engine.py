@@ -5,13 +5,13 @@ import types
 import pytest
 import torch
 
-from harness.stacks.paged import PagedStack
-from harness.stacks.paged.block_manager import BlockManager
-from harness.stacks.paged.config import EngineConfig
-from harness.stacks.paged.kv_pool import KVPool
-from harness.stacks.paged.model_runner import ModelRunner
-from harness.stacks.paged.request import Request
-from harness.stacks.paged.scheduler import Scheduler
+from memcheck.stacks.paged import PagedStack
+from memcheck.stacks.paged.block_manager import BlockManager
+from memcheck.stacks.paged.config import EngineConfig
+from memcheck.stacks.paged.kv_pool import KVPool
+from memcheck.stacks.paged.model_runner import ModelRunner
+from memcheck.stacks.paged.request import Request
+from memcheck.stacks.paged.scheduler import Scheduler
 from paged_helpers import make_workload, run_stack
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -188,7 +188,7 @@ def test_workspace_is_declared_and_exposed(tmp_path):
 def test_cuda_graphs_setting(tmp_path):
     """engine.cuda_graphs (default on) and vLLM's enforce_eager turn the decode graphs off; a non-boolean is
     refused naming the field."""
-    from harness.errors import UsageError
+    from memcheck.errors import UsageError
 
     on = make_workload(tmp_path, name="graphs-on")
     assert EngineConfig.from_workload(on, on.request_list()).cuda_graphs

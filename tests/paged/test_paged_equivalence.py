@@ -3,8 +3,8 @@ for every request of a mixed batch: different prompt lengths, arrival steps, chu
 import pytest
 import torch
 
-from harness.stacks.hf import HFStack
-from harness.stacks.paged import PagedStack
+from memcheck.stacks.hf import HFStack
+from memcheck.stacks.paged import PagedStack
 from paged_helpers import FAMILIES, run_stack, make_workload
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -44,8 +44,8 @@ def test_mla_prefill_decompressed_and_absorbed_give_the_same_tokens(tmp_path, mo
     """MLA prefill rows run decompressed (kernels.mla_mha_prefill) or absorbed (kernels.mla_prefill), as
     runs_decompressed weighs them: forced one way, then the other, every prefill step takes that path, and the
     tokens are the same."""
-    import kernels
-    from harness.stacks.paged import mla
+    from memcheck import kernels
+    from memcheck.stacks.paged import mla
 
     calls = {"decompressed": 0, "absorbed": 0}
 
@@ -74,8 +74,8 @@ def test_mla_prefill_decompressed_and_absorbed_give_the_same_tokens(tmp_path, mo
     (64, 0, False),  # a short prompt: kv_b_proj over its context outweighs what the narrower scores save
 ])
 def test_runs_decompressed_weighs_decompression_against_the_absorbed_form(new, prefix, decompressed):
-    from harness.stacks.paged.context import StepContext
-    from harness.stacks.paged.mla import runs_decompressed
+    from memcheck.stacks.paged.context import StepContext
+    from memcheck.stacks.paged.mla import runs_decompressed
 
     ctx = StepContext(torch.zeros(new), torch.zeros(new), 0, prefill_context_tokens=prefix + new,
                       prefill_pairs=new * prefix + new * (new + 1) // 2)
@@ -88,7 +88,7 @@ def test_the_prefill_warm_up_compiles_both_forms_of_mla_prefill(tmp_path, monkey
     """A step may run MLA prefill in either form: the warm-up (before the timed run) makes a pass in each, so neither
     kernel compiles inside a timed step (on the H200, the absorbed one at 128 heads did: v2-4layers 1,622 -> 217
     tokens/s). A dense model makes one pass."""
-    import kernels
+    from memcheck import kernels
 
     wl = make_workload(tmp_path, family, stack_names=("paged",))
     stack = PagedStack(wl, torch.device("cpu"))

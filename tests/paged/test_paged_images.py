@@ -4,10 +4,10 @@ tokens match `hf` for a mixed batch of text-only and 1- and 2-image requests arr
 import pytest
 import torch
 
-from harness import models
-from harness.stacks.hf import HFStack
-from harness.stacks.paged import PagedStack
-from harness.stacks.paged.vision import VisionEncoder
+from memcheck import models
+from memcheck.stacks.hf import HFStack
+from memcheck.stacks.paged import PagedStack
+from memcheck.stacks.paged.vision import VisionEncoder
 from paged_helpers import make_workload, run_stack
 
 pytestmark = pytest.mark.skipif(not hasattr(models, "image_pixels"),

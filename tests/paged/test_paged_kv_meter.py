@@ -6,10 +6,10 @@ import pytest
 import torch
 from paged_helpers import Probe, make_workload, run_stack
 
-from harness.stacks.paged import PagedStack
-from harness.stacks.paged import kv_meter as meter_module
-from harness.stacks.paged.kv_pool import KVPool
-from harness.stacks.paged.kv_meter import KVMeter
+from memcheck.stacks.paged import PagedStack
+from memcheck.stacks.paged import kv_meter as meter_module
+from memcheck.stacks.paged.kv_pool import KVPool
+from memcheck.stacks.paged.kv_meter import KVMeter
 
 MiB = 2**20
 

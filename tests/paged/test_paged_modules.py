@@ -3,8 +3,8 @@ group_limited_greedy routing (the full DeepSeek-V2 preset), and a whole MoE laye
 import pytest
 import torch
 
-from harness.stacks.paged.config import ModelSpec
-from harness.stacks.paged.moe import MoE
+from memcheck.stacks.paged.config import ModelSpec
+from memcheck.stacks.paged.moe import MoE
 
 
 def _config(topk_method, **extra):

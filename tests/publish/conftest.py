@@ -45,7 +45,7 @@ class FakeForge:
         return comment
 
     def marked(self) -> list[dict]:
-        from harness.reports.markdown import MARKER
+        from memcheck.reports.markdown import MARKER
 
         return [c for c in self.comments if c["body"].startswith(MARKER)]
 
@@ -203,5 +203,5 @@ def sleeps():
 
 @pytest.fixture
 def no_sleep(monkeypatch, sleeps):
-    monkeypatch.setattr("harness.publish.http.time.sleep", sleeps.append)
+    monkeypatch.setattr("memcheck.publish.http.time.sleep", sleeps.append)
     return sleeps

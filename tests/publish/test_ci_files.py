@@ -99,8 +99,8 @@ def test_github_comment_is_fork_safe():
 
 
 def test_ci_files_use_only_real_options():
-    options = (ROOT / "harness" / "options.py").read_text()
-    cli = (ROOT / "harness" / "cli.py").read_text()
+    options = (ROOT / "memcheck" / "options.py").read_text()
+    cli = (ROOT / "memcheck" / "cli.py").read_text()
     text = GITLAB.read_text() + "".join(p.read_text() for p in WORKFLOWS)
     for flag in set(re.findall(r"--memcheck[a-z-]*", text)):
         assert f'"{flag}"' in options, flag

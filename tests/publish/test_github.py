@@ -5,10 +5,10 @@ import pytest
 import reportfactory as f
 from conftest import GITHUB_TOKEN
 
-from harness.cli import main
-from harness.publish import Options, PublishError, publish
-from harness.reports.markdown import MARKER
-from harness.reports.report import Report
+from memcheck.cli import main
+from memcheck.publish import Options, PublishError, publish
+from memcheck.reports.markdown import MARKER
+from memcheck.reports.report import Report
 
 SHA = "a" * 40
 

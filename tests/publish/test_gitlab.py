@@ -3,9 +3,9 @@ import pytest
 import reportfactory as f
 from conftest import GITLAB_TOKEN
 
-from harness.cli import main
-from harness.publish import Options, PublishError, publish
-from harness.reports.markdown import MARKER
+from memcheck.cli import main
+from memcheck.publish import Options, PublishError, publish
+from memcheck.reports.markdown import MARKER
 
 
 def _post(gitlab, report=None, env=None, **opts):
@@ -139,7 +139,7 @@ def test_cli_never_prints_the_token(gitlab, monkeypatch, capsys, tmp_path):
     report = f.write(f.hostile_report(), tmp_path / "r.json")
     for key, value in gitlab.env().items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr("harness.publish.http.time.sleep", lambda s: None)
+    monkeypatch.setattr("memcheck.publish.http.time.sleep", lambda s: None)
     outputs = []
     assert main(["comment", "--report", report, "--dry-run"]) == 0
     outputs.append(capsys.readouterr())
@@ -164,7 +164,7 @@ def test_cli_never_prints_the_token(gitlab, monkeypatch, capsys, tmp_path):
 
 
 def test_echoed_token_is_scrubbed(gitlab):
-    from harness.publish.http import HttpClient
+    from memcheck.publish.http import HttpClient
 
     client = HttpClient(gitlab.api_url, {"PRIVATE-TOKEN": GITLAB_TOKEN}, (GITLAB_TOKEN,))
     assert client.scrub(f"bad token {GITLAB_TOKEN} in header") == "bad token *** in header"

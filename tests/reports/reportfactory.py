@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import project
-from harness.baselines import Baseline
-from harness.measurement import Measurement
-from harness.metrics.catalog import METRICS, reported_by
-from harness.metrics.value import MetricValue
-from harness.reports.report import Report
-from harness.verdict import judge
+from memcheck import project
+from memcheck.baselines import Baseline
+from memcheck.measurement import Measurement
+from memcheck.metrics.catalog import METRICS, reported_by
+from memcheck.metrics.value import MetricValue
+from memcheck.reports.report import Report
+from memcheck.verdict import judge
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 GiB, MiB = 2**30, 2**20

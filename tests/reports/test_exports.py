@@ -6,10 +6,10 @@ import jsonschema
 import pytest
 import reportfactory as f
 
-from harness.cli import main
-from harness.errors import UsageError
-from harness.reports import exports
-from harness.reports.report import merge
+from memcheck.cli import main
+from memcheck.errors import UsageError
+from memcheck.reports import exports
+from memcheck.reports.report import merge
 
 # OpenMetrics text: a metric line is name{labels} value; comments are TYPE/UNIT/HELP; the file ends with # EOF.
 OM_SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*",?)*\})? '

@@ -4,8 +4,8 @@ from html.parser import HTMLParser
 
 import reportfactory as f
 
-from harness.reports import html
-from harness.reports.report import merge
+from memcheck.reports import html
+from memcheck.reports.report import merge
 
 
 class _Collect(HTMLParser):

@@ -3,8 +3,8 @@ import re
 
 import reportfactory as f
 
-from harness.reports import markdown
-from harness.reports.report import merge
+from memcheck.reports import markdown
+from memcheck.reports.report import merge
 
 
 def test_comment_starts_with_marker_and_lists_every_item():
@@ -92,9 +92,9 @@ def test_metrics_a_runner_cannot_measure_are_one_line_per_reason():
 
 
 def test_vllm_items_show_the_engine_profile_and_other_items_no_vllm_metrics():
-    from harness.metrics.value import MetricValue
-    from harness.reports.report import Report
-    from harness.verdict import judge
+    from memcheck.metrics.value import MetricValue
+    from memcheck.reports.report import Report
+    from memcheck.verdict import judge
 
     profile = {"vllm.weights": 15 * f.GiB, "vllm.activation.peak": 2 * f.GiB, "vllm.non_torch.increase": 600 * f.MiB,
                "vllm.cuda_graph.pool": 300 * f.MiB, "kv.pool_bytes": f.GiB, "kv.capacity_blocks": 4096,

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import reportfactory as f
 
-from harness.plugin import MemcheckSession, pin_xdist_worker
-from harness.reports.report import Report
+from memcheck.plugin import MemcheckSession, pin_xdist_worker
+from memcheck.reports.report import Report
 
 pytest_plugins = ["pytester"]
 

@@ -8,10 +8,10 @@ import sys
 import pytest
 import reportfactory as f
 
-from harness.cli import main
-from harness.metrics.catalog import METRICS
-from harness.reports import exports
-from harness.reports.report import merge
+from memcheck.cli import main
+from memcheck.metrics.catalog import METRICS
+from memcheck.reports import exports
+from memcheck.reports.report import merge
 
 pytest.importorskip("pytest_benchmark")
 COMPARE = os.path.join(os.path.dirname(sys.executable), "pytest-benchmark")

@@ -1,8 +1,8 @@
 """A tensor-parallel item shows each rank's numbers under its own row in every report a reviewer reads:
 the terminal table, the Markdown comment and the HTML page."""
-from harness.reports import html, markdown, terminal
-from harness.reports.report import Report
-from harness.verdict import judge
+from memcheck.reports import html, markdown, terminal
+from memcheck.reports.report import Report
+from memcheck.verdict import judge
 
 from reportfactory import GPU_ENV, GiB, MiB, baseline, measurement, rules
 

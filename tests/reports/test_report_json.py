@@ -5,10 +5,10 @@ import re
 import pytest
 import reportfactory as f
 
-from harness.cli import main
-from harness.errors import UsageError
-from harness.reports.report import Report, merge
-from harness.verdict import judge
+from memcheck.cli import main
+from memcheck.errors import UsageError
+from memcheck.reports.report import Report, merge
+from memcheck.verdict import judge
 
 
 def test_round_trip_is_exact(tmp_path):

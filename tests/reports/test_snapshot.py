@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import reportfactory as f
 
-from harness.reports import snapshot
+from memcheck.reports import snapshot
 
 
 def test_only_regressed_items_measured_on_a_gpu_get_a_snapshot():

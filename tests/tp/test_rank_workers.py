@@ -1,4 +1,4 @@
-"""The runner's side of a tensor-parallel round (harness.rank_workers.measure_ranks) with small stand-in rank
+"""The runner's side of a tensor-parallel round (memcheck.rank_workers.measure_ranks) with small stand-in rank
 workers: each round's group meets in a rendezvous file of its own, removed afterwards (a port chosen ahead could
 be taken by another process before rank 0 bound it), and a failed round's reason names the rank that failed
 first and the first line of its error, without a traceback."""
@@ -9,8 +9,8 @@ import types
 
 import torch
 
-from harness import rank_workers
-from harness.runner import _death, _tail
+from memcheck import rank_workers
+from memcheck.runner import _death, _tail
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
@@ -20,9 +20,9 @@ WORKLOAD = types.SimpleNamespace(tensor_parallel=2, name="w", path="w.yaml", pro
 # A rank: join the group through init_rank, all-reduce tag * 10 + rank, write the sum and the rendezvous file.
 JOIN = """
 import argparse, os, sys, torch, torch.distributed as dist
-from harness.measurement import Measurement
-from harness.metrics.value import MetricValue
-from harness.rank_workers import init_rank
+from memcheck.measurement import Measurement
+from memcheck.metrics.value import MetricValue
+from memcheck.rank_workers import init_rank
 p = argparse.ArgumentParser()
 for a in ("out", "tag", "--rank", "--world-size", "--rendezvous"):
     p.add_argument(a)

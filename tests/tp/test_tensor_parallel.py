@@ -9,17 +9,17 @@ import pytest
 import torch
 import yaml
 
-from harness import project, stacks, workload
-from harness.errors import StackUnavailable
-from harness.floors import kv_floor
-from harness.measurement import Measurement
-from harness.metrics.value import MetricValue
-from harness.reports import markdown
-from harness.reports.report import Report
-from harness.runner import Settings, run_item
-from harness.stacks.paged import PagedStack
-from harness.stacks.paged.tensor_parallel import outputs_digest
-from harness.rank_workers import FAULT_ENV, merge
+from memcheck import project, stacks, workload
+from memcheck.errors import StackUnavailable
+from memcheck.floors import kv_floor
+from memcheck.measurement import Measurement
+from memcheck.metrics.value import MetricValue
+from memcheck.reports import markdown
+from memcheck.reports.report import Report
+from memcheck.runner import Settings, run_item
+from memcheck.stacks.paged import PagedStack
+from memcheck.stacks.paged.tensor_parallel import outputs_digest
+from memcheck.rank_workers import FAULT_ENV, merge
 from tests.paged.paged_helpers import FAMILIES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -176,7 +176,7 @@ def test_tensor_parallel_1_json_has_no_ranks():
 
 
 def test_hf_is_skipped_at_tensor_parallel_2(tmp_path):
-    from harness.stacks.hf import HFStack
+    from memcheck.stacks.hf import HFStack
 
     with pytest.raises(StackUnavailable, match="one device; tensor_parallel 2"):
         HFStack.check(make(tmp_path, "tp-hf", 2), torch.device("cpu"))

@@ -4,11 +4,11 @@ every rank holds whole. Runs in one process (rank and world size given), for the
 import pytest
 import torch
 
-from harness.models import build_hf_model
-from harness.stacks.paged.config import ModelSpec
-from harness.stacks.paged.model import CausalLM
-from harness.stacks.paged.seeded_weights import SeededWeights
-from harness.stacks.paged.tensor_parallel import shard
+from memcheck.models import build_hf_model
+from memcheck.stacks.paged.config import ModelSpec
+from memcheck.stacks.paged.model import CausalLM
+from memcheck.stacks.paged.seeded_weights import SeededWeights
+from memcheck.stacks.paged.tensor_parallel import shard
 from tests.paged.paged_helpers import FAMILIES, make_workload
 
 

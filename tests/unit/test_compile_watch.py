@@ -1,4 +1,4 @@
-"""The paged stack's note on Triton compiles inside the timed run (harness/stacks/paged/compile_watch.py).
+"""The paged stack's note on Triton compiles inside the timed run (memcheck/stacks/paged/compile_watch.py).
 Triton calls the two hooks around each compile (triton.runtime.jit.JITFunction._do_compile); without a GPU no kernel
 compiles here, so the test calls them as Triton does, by keyword."""
 import json
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 knobs = pytest.importorskip("triton").knobs
-from harness.stacks.paged.compile_watch import CompileWatch  # noqa: E402
+from memcheck.stacks.paged.compile_watch import CompileWatch  # noqa: E402
 
 
 def compile_of(name):
@@ -43,7 +43,7 @@ def test_counts_each_kernel_compiled_in_the_block_and_puts_the_hooks_back(monkey
 
 
 def test_a_compile_log_that_cannot_be_written_is_a_one_line_error_naming_it(monkeypatch, tmp_path):
-    from harness.errors import UsageError
+    from memcheck.errors import UsageError
 
     monkeypatch.setenv("MEMCHECK_TRITON_COMPILES", str(tmp_path / "missing" / "compiles.log"))
     before = (knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook)

@@ -1,5 +1,5 @@
 """benchmarks/decode_timeline.py's arithmetic on made-up time stamps, on the CPU: the spans, the tail and each
-program's work by multiprocessor must be the ones that made the stamps (kernels/stamps.py: 4 times, then %smid)."""
+program's work by multiprocessor must be the ones that made the stamps (memcheck/kernels/stamps.py: 4 times, then %smid)."""
 import sys
 from pathlib import Path
 
@@ -8,7 +8,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from benchmarks import decode_timeline as dt  # noqa: E402
-from kernels import stamps  # noqa: E402
+from memcheck.kernels import stamps  # noqa: E402
 
 
 def test_work_by_multiprocessor_and_the_slowest_from_the_stamps():

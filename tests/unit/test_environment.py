@@ -1,8 +1,8 @@
 """Which fingerprint fields make a baseline incomparable and which are compared across."""
 import pytest
 
-from harness import environment, project
-from harness.errors import UsageError
+from memcheck import environment, project
+from memcheck.errors import UsageError
 
 BASE = {"device_class": "cpu-x86_64", "gpu": None, "profile": "ci", "workload": "abc", "torch": "2.12.0",
         "transformers": "5.16.0", "vllm": "0.31.0", "flash_attn": None, "driver": None, "git_sha": "1"}

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from harness.forkserver import ForkServer, Unavailable
+from memcheck.forkserver import ForkServer, Unavailable
 
 # Imported by the server: holds 400 MiB at import and frees it, so the server's own high-water mark is high.
 BIG_IMPORT = """
@@ -18,7 +18,7 @@ del big
 # One round: report this process's pid, its parent, its RSS peak, then do what argv[1] says.
 PROBE = """
 import json, os, signal, subprocess, sys, time
-from harness.metrics.host import peak_rss
+from memcheck.metrics.host import peak_rss
 
 def main(argv):
     with open(argv[0], "w") as f:
@@ -121,8 +121,8 @@ def test_jemallocs_background_thread_does_not_stop_the_server_forking(tmp_path):
 def test_the_server_of_this_interpreter_preloads_every_stack_it_serves_and_can_still_fork(tmp_path):
     """The runner's preload (the presets' transformers modules, the paged engine and its Triton kernels) must
     leave the server single-threaded, or every round would fall back to a fresh interpreter."""
-    from harness.runner import _fork_preload
-    from harness.stacks.paged import PagedStack
+    from memcheck.runner import _fork_preload
+    from memcheck.stacks.paged import PagedStack
 
     preload = _fork_preload(sys.executable, ".")
     assert set(PagedStack.fork_preload) <= set(preload)
@@ -131,6 +131,6 @@ def test_the_server_of_this_interpreter_preloads_every_stack_it_serves_and_can_s
         out, log = tmp_path / "round.json", tmp_path / "round.log"
         log.write_text("")
         assert server.run("probe", [str(out), "ok"], server.env, str(log), None) == (3, False)
-        assert {"transformers.modeling_utils", "kernels.decode"} <= set(server.preloaded)
+        assert {"transformers.modeling_utils", "memcheck.kernels.decode"} <= set(server.preloaded)
     finally:
         server.close()

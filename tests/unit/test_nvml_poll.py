@@ -1,4 +1,4 @@
-"""The NVML poller (harness/metrics/nvml_poll.py) run as the sampler runs it, against a stand-in pynvml
+"""The NVML poller (memcheck/metrics/nvml_poll.py) run as the sampler runs it, against a stand-in pynvml
 module: what it counts as ours, its fallback to the whole device, its one-line errors."""
 import json
 import os
@@ -7,7 +7,7 @@ import sys
 import textwrap
 import time
 
-from harness.metrics.sampler import POLLER
+from memcheck.metrics.sampler import POLLER
 
 FAKE_PYNVML = textwrap.dedent('''
     import os, time

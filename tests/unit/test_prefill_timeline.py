@@ -1,5 +1,5 @@
 """benchmarks/prefill_timeline.py's arithmetic on made-up time stamps, on the CPU: the rates and fixed costs it reads
-from the Hopper prefill's per-item stamps (kernels/prefill_hopper.py, STAMP_NAMES) must be the ones that made them."""
+from the Hopper prefill's per-item stamps (memcheck/kernels/prefill_hopper.py, STAMP_NAMES) must be the ones that made them."""
 import sys
 from pathlib import Path
 

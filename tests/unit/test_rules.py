@@ -2,10 +2,10 @@ import math
 
 import pytest
 
-from harness import rules
-from harness.errors import UsageError
-from harness.metrics.catalog import METRICS
-from harness.metrics.value import MetricValue
+from memcheck import rules
+from memcheck.errors import UsageError
+from memcheck.metrics.catalog import METRICS
+from memcheck.metrics.value import MetricValue
 
 
 def where(field, message):

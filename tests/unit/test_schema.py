@@ -1,4 +1,4 @@
-"""The workload JSON Schema (harness/workload.schema.json, `memcheck schema`) stays in step with the loader: every
+"""The workload JSON Schema (memcheck/workload.schema.json, `memcheck schema`) stays in step with the loader: every
 field the loader accepts is in it, found from the loader's own lists; every suite validates, through the real
 check-jsonschema CLI as pre-commit runs it; a typo the loader refuses, the schema refuses too."""
 import fnmatch
@@ -13,12 +13,12 @@ import jsonschema
 import pytest
 import yaml
 
-from harness import rules, stacks, workload
-from harness.cli import main
-from harness.errors import UsageError
-from harness.metrics.catalog import METRICS
-from harness.presets import ALIASES, PRESETS
-from harness.stacks.hf_attention import ATTENTIONS
+from memcheck import rules, stacks, workload
+from memcheck.cli import main
+from memcheck.errors import UsageError
+from memcheck.metrics.catalog import METRICS
+from memcheck.presets import ALIASES, PRESETS
+from memcheck.stacks.hf_attention import ATTENTIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMA = json.loads(workload.schema_text())
@@ -102,7 +102,7 @@ def test_every_suite_validates(path):
 
 
 def test_check_jsonschema_checks_the_suites_as_pre_commit_runs_it(tmp_path):
-    schema = os.path.join(ROOT, "harness", workload.SCHEMA_FILE)
+    schema = os.path.join(ROOT, "memcheck", workload.SCHEMA_FILE)
     ok = subprocess.run([CHECK_JSONSCHEMA, "--schemafile", schema, *SUITES], capture_output=True, text=True,
                         timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
@@ -137,7 +137,7 @@ def test_memcheck_schema_prints_the_shipped_file(capsys):
     assert main(["schema"]) == 0
     assert json.loads(capsys.readouterr().out) == SCHEMA
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        package_data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["harness"]
+        package_data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["memcheck"]
     assert any(fnmatch.fnmatch(workload.SCHEMA_FILE, pattern) for pattern in package_data)
 
 

@@ -1,12 +1,12 @@
-"""The stack contract (harness/stacks/base.py) and the helpers every stack shares."""
+"""The stack contract (memcheck/stacks/base.py) and the helpers every stack shares."""
 import pytest
 import torch
 
-from harness import stacks
-from harness.devices import device_type, is_cuda
-from harness.errors import UsageError
-from harness.stacks.pages import PAGE_SHIFT, distinct_pages
-from harness.stacks.time_metrics import time_metrics
+from memcheck import stacks
+from memcheck.devices import device_type, is_cuda
+from memcheck.errors import UsageError
+from memcheck.stacks.pages import PAGE_SHIFT, distinct_pages
+from memcheck.stacks.time_metrics import time_metrics
 
 
 def test_a_stack_must_implement_prepare_and_run_and_gets_every_other_hook_by_default():
@@ -28,8 +28,8 @@ def test_a_stack_must_implement_prepare_and_run_and_gets_every_other_hook_by_def
 
 
 def test_an_entry_point_naming_no_stack_is_a_usage_error(monkeypatch):
-    monkeypatch.setitem(stacks.BUILTIN, "notastack", "harness.devices:is_cuda")
-    with pytest.raises(UsageError, match="'notastack' .* is not a subclass of harness.stacks.Stack"):
+    monkeypatch.setitem(stacks.BUILTIN, "notastack", "memcheck.devices:is_cuda")
+    with pytest.raises(UsageError, match="'notastack' .* is not a subclass of memcheck.stacks.Stack"):
         stacks.load("notastack")
 
 

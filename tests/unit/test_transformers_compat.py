@@ -4,7 +4,9 @@ import subprocess
 import sys
 
 SCRIPT = """
-import kernels, transformers, torch
+import torch
+import transformers
+from memcheck import kernels
 from transformers.utils import import_utils
 assert "memcheck" in kernels.__doc__ or "paged" in kernels.__doc__.lower(), kernels.__file__
 assert not import_utils.is_kernels_available(), "transformers mistook our kernels package for Hugging Face's"

@@ -2,8 +2,8 @@ import textwrap
 
 import pytest
 
-from harness import project, stacks, workload
-from harness.errors import UsageError
+from memcheck import project, stacks, workload
+from memcheck.errors import UsageError
 
 EXAMPLE = """\
 name: tiny-dense-batch

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.runner import Settings, run_item
-from harness.stacks.vllm import vllm_python
-from harness.workload import load_file
+from memcheck.runner import Settings, run_item
+from memcheck.stacks.vllm import vllm_python
+from memcheck.workload import load_file
 
 CONFIGS = Path(__file__).parents[1] / "models" / "configs"
 needs_vllm = pytest.mark.skipif(vllm_python() is None, reason="no vLLM environment here: run scripts/setup-vllm "
@@ -30,7 +30,7 @@ def load(tmp_path, config: str):
 
 
 def _rule():
-    from harness import rules
+    from memcheck import rules
 
     return rules.parse("kv.bytes.peak", {"max_increase": "0%"}, None)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.stacks.vllm import GPU_BLOCK_SIZE, WORKER_CLS, VLLMStack, vllm_importable
+from memcheck.stacks.vllm import GPU_BLOCK_SIZE, WORKER_CLS, VLLMStack, vllm_importable
 
 if not vllm_importable():  # importorskip would take this folder (tests/vllm) for the package
     pytest.skip("these tests use vLLM's classes: run them under .venv-vllm", allow_module_level=True)
@@ -20,9 +20,9 @@ import vllm.config  # noqa: E402
 from vllm.utils import mem_utils  # noqa: E402
 from vllm.v1.worker import gpu_worker  # noqa: E402
 
-from harness.stacks.vllm_profile import PROFILE_METRICS, profile_metrics, read_profile  # noqa: E402
-from harness.stacks.vllm_worker import ProfiledWorker  # noqa: E402
-from harness.workload import load_file  # noqa: E402
+from memcheck.stacks.vllm_profile import PROFILE_METRICS, profile_metrics, read_profile  # noqa: E402
+from memcheck.stacks.vllm_worker import ProfiledWorker  # noqa: E402
+from memcheck.workload import load_file  # noqa: E402
 
 GiB = 1 << 30
 CONSTRAINTS = Path(__file__).resolve().parents[2] / "constraints-gpu.txt"

@@ -3,10 +3,10 @@ these run everywhere, with or without vLLM."""
 import pytest
 import torch
 
-from harness.stacks.pages import PAGE_SHIFT
-from harness.stacks.vllm import ENGINE_ARGS, WORKER_CLS, VLLMStack, vllm_importable, vllm_python
-from harness.stacks.vllm_kv import LayerView, block_runs
-from harness.workload import load_file
+from memcheck.stacks.pages import PAGE_SHIFT
+from memcheck.stacks.vllm import ENGINE_ARGS, WORKER_CLS, VLLMStack, vllm_importable, vllm_python
+from memcheck.stacks.vllm_kv import LayerView, block_runs
+from memcheck.workload import load_file
 
 
 def brute_pages(view, offsets, blocks) -> set[int]:

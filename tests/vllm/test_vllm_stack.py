@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.measure_round import measure
-from harness.runner import Settings, run_item
-from harness.stacks.vllm import vllm_importable, vllm_python
-from harness.workload import load_file
+from memcheck.measure_round import measure
+from memcheck.runner import Settings, run_item
+from memcheck.stacks.vllm import vllm_importable, vllm_python
+from memcheck.workload import load_file
 
 HERE_HAS_VLLM = vllm_importable()
 needs_vllm = pytest.mark.skipif(vllm_python() is None, reason="no vLLM environment here: run scripts/setup-vllm "

@@ -1,0 +1,346 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) over the paged latent cache, in Triton: decode, and
+prefill (chunked too) of every sequence in one launch.
+
+Absorbed form: the caller folds W_UK into the query (q_latent = q_nope @ W_UK, kv_lora_rank wide),
+so every head attends straight over the cached latent: scores = q_latent.kv_c + q_pe.k_pe, and the
+output stays in latent space (softmax @ kv_c, kv_lora_rank wide) for the caller's W_UV. The cache
+has one shared 576-wide row per token (kv_c 512 then k_pe 64), read once for all the heads of a
+program: a block of HEAD_BLOCK heads, so the products run on the tensor cores. The work is split
+as in paged decode (memcheck/kernels/work_split.py), head blocks taking the place of KV heads. Prefill rows are
+(new token, head) pairs of one sequence, causal among the new tokens, full view of the cached prefix;
+the latent is read once per tile of rows, never gathered or decompressed into per-head K/V.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .dispatch import dot_precision, fix_triton_interpreter, next_pow2, resident_programs, upcast_dots
+from . import stamps
+from .dot import dot, softmax_update
+from .prefill import prefill_grid, prefill_program, prefill_rows
+from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, program_range, store_range_result,
+                         tile_line)
+
+try:  # the Hopper kernels are Gluon (triton.experimental.gluon, Triton 3.5 on): without it, _mla_decode everywhere
+    from . import mla_hopper, mla_seesaw
+except ImportError:
+    mla_hopper = mla_seesaw = None
+
+fix_triton_interpreter()
+
+LOG2E = 1.4426950408889634
+# Grid size the occupancy probe compiles with: Triton folds an int argument equal to 1 into the
+# kernel (a different, smaller kernel), and one divisible by 16 gets other alignment hints.
+PROBE_PROGRAMS = 1001
+# Tuned on the H200 (benchmarks/results/); maxnreg 168 fits 3 programs per multiprocessor, not 2.
+# min_tiles: tiles per range at least (memcheck/kernels/work_split.py): a partial weighs as much as a tile. 2: the
+# fastest for a V2-Lite decode step's batch of 8 x 550 tokens (paged_h200 mla_split, cold latent per layer:
+# 20.6 us per layer against 24.1 at 1 and 33.8 at 8; one 64K sequence prefers 8: issue 14's kernel work).
+DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 2,
+                  "split_tail": False}
+# 17 to 32 heads (V2/V3 over 4 tensor-parallel ranks) where the seesaw does not run: 32-head blocks run the products on
+# wider tensor-core tiles. Of 18 configs on 128 heads x 4K at batch 32 and 256 (kernels_h200_2026-12-01_*_grid), the
+# fastest then: 5.39x and 4.50x of the FLOP floor against 16-head blocks' 7.02x and 6.09x.
+MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block": 32, "maxnreg": None, "min_tiles": 2,
+                    "split_tail": False}
+# More than 32 heads (V2/V3's 128, compute-bound on the H200): 64-head blocks on two warpgroups, wgmma with no spills in
+# the loop (the 32-head blocks' loop spills: ptxas, and 11.9M local-memory requests under Nsight Compute). Of 6 configs
+# with the combine's rows capped (kernels_h200_2026-12-01_*_grid-7): 4.78x / 3.53x / 3.78x of the floor at b32 x 4K,
+# b256 x 4K and one 128K sequence, against the 32-head blocks' 5.39x / 4.59x / 4.62x.
+# split_tail: a sequence's whole tiles unmasked, in a loop of their own (_mla_tokens): 0.91x the time at the median of
+# 20 cells (kernels_h200_2026-12-02_*_grid-8 against *_grid-6-serial), this kernel being bound by issuing instructions.
+# min_tiles 2 still: 8 trades b8 x 1K (15.7x of the floor against 10.0x) for b32 x 1K and b8 x 4K, 16 and 32 lose
+# everywhere (a range a sequence: too few programs; grid-9).
+# hopper: on an sm_90 GPU, memcheck/kernels/mla_hopper.py (Gluon) in place of _mla_decode, same tiles and split: 1.18-1.53x
+# faster on 11 128-head cells of issue 14's grid (b256 x 4K 1121 -> 766 us; mla_hopper_h200_2026-12-02_*_run-1).
+# seesaw: memcheck/kernels/mla_seesaw.py in place of mla_hopper (two warp-specialized partitions on alternate tiles): 1.02-1.21x
+# faster on the same 11 cells, b256 x 4K 737 -> 618 us (1.71x -> 1.44x of the floor; *_run-9, variant seesaw-pf0).
+# partials (the Gluon kernels' split-context partial outputs; their log-sum-exps stay float32): bfloat16, the output's
+# dtype, as FlashInfer's split-KV decode keeps its own. Half a 64-head block's 128 KiB partial written and merged;
+# with the seesaw's WIDE_STORE (staged, 16 bytes a thread) 0.90-0.96x the time of float32 partials stored from the
+# accumulators on the small 128-head cells, two orders of variants on one machine
+# (mla_hopper_h200_2026-12-04_*_wide-bf16-*: b32 x 1K 39.3 -> 35.3 and 37.8 -> 37.2 us, b1 x 32K 36.2 -> 33.9,
+# b256 x 1K 195.5 -> 186.8); relative error against float32 references 0.0024 where sequences are cut in ranges
+# (0.0018 float32; bound 0.01). Unstaged it was no faster
+# (mla_hopper_h200_2026-12-03_*_run-13: b32 x 1K 45.0 -> 46.8): 4 bytes a thread in 8 rows, half sectors.
+MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
+                     "split_tail": True, "hopper": True, "seesaw": True, "partials": "bfloat16"}
+# Up to 32 heads where the seesaw runs (an sm_90 GPU): one 64-head block, the rows past the last head masked (at 16
+# heads 4x the products, still under the latent's bytes on the H200: 64 rows x 1088 x 2 FLOP a 1152-byte row, 121 FLOP a
+# byte against 165) and one partial a program of its heads' rows only (16: 32 KiB), not three. Against _mla_decode's
+# 16-head blocks on 9 16-head cells: 1.07-1.30x faster (b1 x 64K 47.0 -> 40.2 us, b8 x 4K 34.9 -> 27.0, b256 x 32K 2590
+# -> 2362; mla_hopper_h200_2026-12-02_*_run-11; 0.95-1.07x in run-10, partials of 64 rows). mla_hopper (seesaw off) was
+# faster still on one sequence (37.4 us at 64K) and slower from 32 sequences up (b256 x 32K 2789 us): the seesaw's worst
+# is the better. 17 to 32 heads too (V2/V3 over 4 ranks: half the block masked): 1.38-1.58x faster than the 32-head
+# blocks of MID_HEADS_CONFIG on 9 32-head cells (b8 x 4K 42.2 -> 28.5 us, b256 x 32K 3872 -> 2458; *_run-12).
+FEW_HEADS_HOPPER_CONFIG = MANY_HEADS_CONFIG
+# Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
+# accumulator). Of 24 configs on a 4K prompt at 16 heads (same run), the fastest: 14.0x of the floor against 28.0x.
+PREFILL_CONFIG = {"rows": 32, "block_n": 64, "num_warps": 4, "num_stages": 2}
+CPU_PREFILL_TILES = {"rows": 16, "block_n": 16}  # the interpreter runs small tiles faster
+
+
+@triton.jit
+def _latent_columns(rows, toks, end, FIRST: tl.constexpr, WIDTH: tl.constexpr, PAD: tl.constexpr,
+                    MASK_END: tl.constexpr):
+    """Columns FIRST..FIRST+WIDTH of the latent rows, padded to PAD with zeros; MASK_END: tokens >= end read as zeros.
+    No mask at all where neither applies."""
+    dims = tl.arange(0, PAD)
+    if MASK_END:
+        return tl.load(rows[:, None] + FIRST + dims[None, :], mask=(toks < end)[:, None] & (dims < WIDTH)[None, :],
+                       other=0.0)
+    if WIDTH != PAD:
+        return tl.load(rows[:, None] + FIRST + dims[None, :], mask=(dims < WIDTH)[None, :], other=0.0)
+    return tl.load(rows[:, None] + FIRST + dims[None, :])
+
+
+@triton.jit
+def _mla_tile(q_lat, q_pe, cache_ptr, bt_row, t0, end, qk_scale, stride_c_block, stride_c_tok, q_pos, m, l, acc,
+              RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
+              BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASK_END: tl.constexpr, CAUSAL: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The online softmax carried over the BLOCK_N latent tokens from t0. MASK_END: the tile may run past `end`
+    (loads and scores masked); without it nothing is masked but the pads of RANK and ROPE and, CAUSAL, each row's
+    future (a sequence's whole tiles: in the SASS of 128-head decode, 1458 -> 1227 instructions a tile)."""
+    toks = t0 + tl.arange(0, BLOCK_N)
+    if MASK_END:
+        blocks = tl.load(bt_row + toks // BLOCK_SIZE, mask=toks < end, other=0).to(tl.int64)
+    else:
+        blocks = tl.load(bt_row + toks // BLOCK_SIZE).to(tl.int64)
+    rows = cache_ptr + blocks * stride_c_block + (toks % BLOCK_SIZE) * stride_c_tok
+    kv_c = _latent_columns(rows, toks, end, 0, RANK, RANK_PAD, MASK_END)
+    k_pe = _latent_columns(rows, toks, end, RANK, ROPE, ROPE_PAD, MASK_END)
+    s = dot(q_lat, tl.trans(kv_c), DOT_PRECISION, UPCAST) + dot(q_pe, tl.trans(k_pe), DOT_PRECISION, UPCAST)
+    m, l, p, alpha = softmax_update(s, qk_scale, toks, end, q_pos, m, l, MASK_END, CAUSAL)
+    return m, l, acc * alpha[:, None] + dot(p.to(kv_c.dtype), kv_c, DOT_PRECISION, UPCAST)
+
+
+@triton.jit
+def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_block, stride_c_tok, q_pos,
+                ROWS: tl.constexpr, RANK: tl.constexpr, RANK_PAD: tl.constexpr,
+                ROPE: tl.constexpr, ROPE_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SPLIT_TAIL: tl.constexpr,
+                DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Online softmax of ROWS query rows over latent tokens [start, end): (max, sum, unnormalized out). CAUSAL: row r
+    sees tokens up to q_pos[r] only (prefill); decode passes q_pos unused. SPLIT_TAIL: the tiles wholly before `end`
+    in a loop of their own, unmasked, then the one that runs past it, if any; else every tile masked, in one loop (a
+    second loop's pipeline costs more than the masks save where the work is not bound by issuing instructions:
+    16-head decode, kernels_h200_2026-12-02_*_grid-8)."""
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    l = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, RANK_PAD], tl.float32)
+    tail = start
+    if SPLIT_TAIL:
+        tail = start + (end - start) // BLOCK_N * BLOCK_N
+        for t0 in range(start, tail, BLOCK_N):
+            m, l, acc = _mla_tile(q_lat, q_pe, cache_ptr, bt_row, t0, end, qk_scale, stride_c_block, stride_c_tok,
+                                  q_pos, m, l, acc, RANK, RANK_PAD, ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, False, CAUSAL,
+                                  DOT_PRECISION, UPCAST)
+    for t0 in range(tail, end, BLOCK_N):
+        m, l, acc = _mla_tile(q_lat, q_pe, cache_ptr, bt_row, t0, end, qk_scale, stride_c_block, stride_c_tok, q_pos,
+                              m, l, acc, RANK, RANK_PAD, ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, True, CAUSAL,
+                              DOT_PRECISION, UPCAST)
+    return m, l, acc
+
+
+@triton.jit(do_not_specialize=RUN_TIME_INTS)
+def _mla_decode(
+    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    qk_scale, num_seqs, num_programs,
+    stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head,
+    stride_c_block, stride_c_tok,
+    stride_bt_seq,
+    stride_o_seq, stride_o_head,
+    NUM_HEADS: tl.constexpr, HEAD_BLOCK: tl.constexpr, NUM_HEAD_BLOCKS: tl.constexpr,
+    RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr, MIN_TILES: tl.constexpr,
+    SPLIT_TAIL: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Range j of head block `head_block`'s tile line (memcheck/kernels/work_split.py)."""
+    pid = tl.program_id(0)
+    head_block = pid % NUM_HEAD_BLOCKS
+    seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
+    ranges = line_ranges(num_programs, NUM_HEAD_BLOCKS, total, MIN_TILES, tiles, True)
+    first, last = program_range(pid // NUM_HEAD_BLOCKS, ranges, total)
+    rows = tl.arange(0, HEAD_BLOCK)
+    rank_dims = tl.arange(0, RANK_PAD)
+    rank_mask = rank_dims < RANK
+    rope_dims = tl.arange(0, ROPE_PAD)
+    x = first
+    while x < last:
+        seq, t_first, n, seq_len, seq_end = locate(x, seqs, lens, tiles, ends)
+        seg_end = tl.minimum(last, seq_end)
+        t_last = t_first + seg_end - x
+        heads = head_block * HEAD_BLOCK + rows
+        head_mask = heads < NUM_HEADS
+        out_mask = head_mask[:, None] & rank_mask[None, :]
+        q_lat = tl.load(q_latent_ptr + seq * stride_ql_seq + heads[:, None] * stride_ql_head + rank_dims[None, :],
+                        mask=out_mask, other=0.0)
+        q_pe = tl.load(q_pe_ptr + seq * stride_qp_seq + heads[:, None] * stride_qp_head + rope_dims[None, :],
+                       mask=head_mask[:, None] & (rope_dims < ROPE)[None, :], other=0.0)
+        m, l, acc = _mla_tokens(q_lat, q_pe, cache_ptr, block_table_ptr + seq * stride_bt_seq,
+                                t_first * BLOCK_N, tl.minimum(t_last * BLOCK_N, seq_len), qk_scale,
+                                stride_c_block, stride_c_tok, 0, HEAD_BLOCK, RANK, RANK_PAD, ROPE, ROPE_PAD,
+                                BLOCK_SIZE, BLOCK_N, False, SPLIT_TAIL, DOT_PRECISION, UPCAST)
+        store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, rank_dims, out_mask,
+                           head_mask, rows, part_out_ptr, part_lse_ptr, pid, (t_first == 0) & (t_last == n), x, first,
+                           HEAD_BLOCK, RANK)
+        x = seg_end
+
+
+
+@triton.jit(do_not_specialize=["stride_bt_seq"])  # (see work_split.RUN_TIME_INTS)
+def _mla_prefill(
+    q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr,
+    qk_scale,
+    stride_ql_tok, stride_ql_head, stride_qp_tok, stride_qp_head,
+    stride_c_block, stride_c_tok,
+    stride_bt_seq,
+    stride_o_tok, stride_o_head,
+    NUM_HEADS: tl.constexpr, HEAD_BLOCK: tl.constexpr, BLOCK_Q: tl.constexpr,
+    RANK: tl.constexpr, RANK_PAD: tl.constexpr, ROPE: tl.constexpr, ROPE_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """BLOCK_Q new tokens of one sequence times HEAD_BLOCK heads: one latent tile serves all the rows."""
+    q_tile, head_block, seq = prefill_program(1)
+    q_start, q_len, prefix, tok, in_block = prefill_rows(cu_seqlens_q_ptr, seq_lens_ptr, q_tile, seq, BLOCK_Q,
+                                                         HEAD_BLOCK)
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    heads = head_block * HEAD_BLOCK + in_block
+    row_mask = (tok < q_len) & (heads < NUM_HEADS)
+    rank_dims = tl.arange(0, RANK_PAD)
+    rope_dims = tl.arange(0, ROPE_PAD)
+    out_mask = row_mask[:, None] & (rank_dims < RANK)[None, :]
+    tok64 = (q_start + tok).to(tl.int64)
+    q_lat = tl.load(q_latent_ptr + tok64[:, None] * stride_ql_tok + heads[:, None] * stride_ql_head
+                    + rank_dims[None, :], mask=out_mask, other=0.0)
+    q_pe = tl.load(q_pe_ptr + tok64[:, None] * stride_qp_tok + heads[:, None] * stride_qp_head + rope_dims[None, :],
+                   mask=row_mask[:, None] & (rope_dims < ROPE)[None, :], other=0.0)
+    kv_end = prefix + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)  # the tile's last token sees no further
+    m, l, acc = _mla_tokens(q_lat, q_pe, cache_ptr, block_table_ptr + seq * stride_bt_seq, 0, kv_end, qk_scale,
+                            stride_c_block, stride_c_tok, prefix + tok, BLOCK_Q * HEAD_BLOCK, RANK, RANK_PAD,
+                            ROPE, ROPE_PAD, BLOCK_SIZE, BLOCK_N, True, True, DOT_PRECISION, UPCAST)
+    l = tl.where(l == 0.0, 1.0, l)
+    tl.store(out_ptr + tok64[:, None] * stride_o_tok + heads[:, None] * stride_o_head + rank_dims[None, :],
+             (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, scale, max_q_len=None, *,
+                out=None, config=None):
+    """Triton MLA prefill: q_latent [T, H, R] and q_pe [T, H, P] of every sequence's new tokens, packed
+    (sequence i owns rows cu_seqlens_q[i]:cu_seqlens_q[i+1]), their latent rows already in the cache.
+    out [T, H, R] in latent space. config (rows, block_n, num_warps, num_stages) overrides PREFILL_CONFIG."""
+    num_tokens, num_heads, rank = q_latent.shape
+    rope = q_pe.shape[-1]
+    _, block_size, width = latent_cache.shape
+    assert width == rank + rope, f"latent cache rows are {width} wide, queries {rank} + {rope}"
+    assert q_latent.stride(-1) == 1 and q_pe.stride(-1) == 1 and latent_cache.stride(-1) == 1
+    out = torch.empty_like(q_latent) if out is None else out
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    if max_q_len is None:
+        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    on_gpu = q_latent.device.type == "cuda"
+    cfg = {**PREFILL_CONFIG, **({} if on_gpu else CPU_PREFILL_TILES), **(config or {})}
+    # 16 rows: the tensor cores' least; the interpreter takes any power of two
+    head_block = 16 if on_gpu else min(16, next_pow2(num_heads))
+    block_q = max(1, cfg["rows"] // head_block)
+    grid, _ = prefill_grid(max_q_len, block_q, triton.cdiv(num_heads, head_block), num_seqs, True, q_latent.device)
+    _mla_prefill[grid](
+        q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_lens, out,
+        scale * LOG2E,
+        q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
+        latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0),
+        out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, HEAD_BLOCK=head_block, BLOCK_Q=block_q,
+        RANK=rank, RANK_PAD=max(16, next_pow2(rank)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
+        BLOCK_SIZE=block_size, BLOCK_N=cfg["block_n"],
+        DOT_PRECISION=dot_precision(q_latent.dtype), UPCAST=upcast_dots(latent_cache),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out
+
+
+def decode_config(num_heads: int, hopper: bool = False) -> dict:
+    """The tuned decode config for this many heads (per tensor-parallel rank); hopper: where the Gluon kernels run."""
+    if num_heads > 32:
+        return MANY_HEADS_CONFIG
+    if hopper:
+        return FEW_HEADS_HOPPER_CONFIG
+    return DEFAULT_CONFIG if num_heads <= 16 else MID_HEADS_CONFIG
+
+
+def _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads) -> bool:
+    """Whether a Gluon kernel (memcheck/kernels/mla_seesaw.py, or memcheck/kernels/mla_hopper.py with seesaw off) runs this call:
+    asked for (config hopper), their tiles, a GPU and shapes they run."""
+    return (mla_hopper is not None and cfg.get("hopper", False)
+            and (cfg["head_block"], cfg["block_n"]) == (mla_hopper.HEAD_BLOCK, mla_hopper.BLOCK_N)
+            and mla_hopper.supported(q_latent, q_pe, latent_cache, num_heads))
+
+
+def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
+               num_programs=None):
+    """MLA decode: Triton's _mla_decode, or a Gluon kernel on Hopper. out: a buffer to write (tests poison it); config
+    (block_n, num_warps, num_stages, head_block, maxnreg, min_tiles, split_tail, hopper: a Gluon kernel where it runs,
+    seesaw: memcheck/kernels/mla_seesaw.py, else memcheck/kernels/mla_hopper.py; tma_loads, wide_store: the seesaw's TMA_LOADS,
+    WIDE_STORE; partials: the Gluon kernels' dtype) and num_programs override the tuned defaults
+    (decode_config) and the grid."""
+    num_seqs, num_heads, rank = q_latent.shape
+    rope = q_pe.shape[-1]
+    _, block_size, width = latent_cache.shape
+    assert width == rank + rope, f"latent cache rows are {width} wide, queries {rank} + {rope}"
+    assert q_latent.stride(-1) == 1 and q_pe.stride(-1) == 1 and latent_cache.stride(-1) == 1
+    hopper = mla_hopper is not None and mla_hopper.supported(q_latent, q_pe, latent_cache, num_heads)
+    cfg = {**decode_config(num_heads, hopper), **(config or {})}
+    on_gpu = q_latent.device.type == "cuda"
+    out = torch.empty_like(q_latent) if out is None else out
+    if num_seqs == 0:
+        return out
+    if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads):
+        gluon_cfg = dict(min_tiles=cfg["min_tiles"], num_programs=num_programs,
+                         partials=getattr(torch, cfg.get("partials", "float32")), stamps=stamps.buffer(cfg))
+        if cfg.get("seesaw", False):
+            return mla_seesaw.mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E,
+                                                out, tma_loads=cfg.get("tma_loads", mla_seesaw.TMA_LOADS),
+                                                wide_store=cfg.get("wide_store", mla_seesaw.WIDE_STORE), **gluon_cfg)
+        return mla_hopper.mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
+                                            **gluon_cfg)
+    if stamps.buffer(cfg) is not None:
+        raise ValueError("config stamps: only the Gluon decode kernels (sm_90, hopper) write time stamps, not "
+                         "_mla_decode")
+    head_block = min(cfg["head_block"], max(16, next_pow2(num_heads)))
+    num_head_blocks = triton.cdiv(num_heads, head_block)
+    block_n = cfg["block_n"] if on_gpu else 16  # the interpreter runs small tiles faster
+    consts = dict(NUM_HEADS=num_heads, HEAD_BLOCK=head_block, NUM_HEAD_BLOCKS=num_head_blocks,
+                  RANK=rank, RANK_PAD=max(16, next_pow2(rank)), ROPE=rope, ROPE_PAD=max(16, next_pow2(rope)),
+                  BLOCK_SIZE=block_size, BLOCK_N=block_n, SEQS_PAD=max(16, next_pow2(num_seqs)),
+                  MIN_TILES=cfg["min_tiles"], SPLIT_TAIL=cfg["split_tail"],
+                  DOT_PRECISION=dot_precision(q_latent.dtype), UPCAST=upcast_dots(latent_cache),
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if on_gpu and cfg.get("maxnreg"):
+        consts["maxnreg"] = cfg["maxnreg"]
+
+    def args(programs, part_out, part_lse):
+        return (q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
+                scale * LOG2E, num_seqs, programs,
+                q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
+                latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0),
+                out.stride(0), out.stride(1))
+
+    if num_programs is None:
+        scratch = torch.empty(16, device=q_latent.device)
+
+        def probe():
+            return _mla_decode.warmup(*args(PROBE_PROGRAMS, scratch, scratch), grid=(1,), **consts)
+
+        key = (tuple(consts.items()), q_latent.dtype, latent_cache.dtype)
+        num_programs = resident_programs(_mla_decode, key, q_latent.device, cfg["num_warps"], probe)
+    num_programs = num_head_blocks * max(1, num_programs // num_head_blocks)  # whole ranges per head block
+    part_out = torch.empty(num_programs * 2 * head_block * rank, device=q_latent.device, dtype=torch.float32)
+    part_lse = torch.empty(num_programs * 2 * head_block, device=q_latent.device, dtype=torch.float32)
+    _mla_decode[(num_programs,)](*args(num_programs, part_out, part_lse), **consts)
+    merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=num_head_blocks,
+                   rows=head_block, head_dim=rank, block_n=block_n, min_tiles=cfg["min_tiles"], align=True)
+    return out

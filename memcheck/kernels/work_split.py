@@ -1,0 +1,292 @@
+"""Even split of decode work over a one-wave grid (split-context / flash-decoding, balanced).
+
+A unit of work is one head group (a KV head, or a block of MLA heads); every unit has the same
+line of tiles: sequence by sequence, BLOCK_N tokens at a time (T tiles). Each unit's line is cut
+into R even ranges, and program pid = j * UNITS + unit takes range j of its unit: every program
+reads the same number of bytes whatever the mix of lengths, so a grid of the programs the GPU
+holds at once ends together (no tail, no second wave). R is at most T / MIN_TILES (programs past it
+idle), and for MLA a little less where that puts the range boundaries between sequences (ALIGN_TILES): a range never
+comes out empty, and a short batch is merged from as few partials as it has
+ranges. MIN_TILES > 1 where a partial is as large as the tiles it summarises (MLA: a 16-head block's
+512-wide float32 partial is 32 KiB, a 32-token latent tile 36 KiB): one tile per range would write,
+and merge back, as many bytes as it read.
+Programs side by side take the same range of different units, so they read the same blocks at the
+same time (all heads of a token row).
+A range crosses whole sequences and cuts at most two: its first and its last. A whole sequence's
+output is written directly; a cut one leaves a partial (output and log-sum-exp) in the program's
+slot 0 (its first sequence) or 1 (its last, where that is not also its first: a range inside one
+sequence writes its partial once), which combine_cut_units merges.
+Every program sums seq_lens itself: no host sync.
+"""
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from .dispatch import launches_early, next_pow2, pdl_options, sm_count
+
+# Integer arguments that change from step to step (how many sequences, the grid, an eager step's block-table width):
+# Triton would compile a variant for each value equal to 1 or divisible by 16 it meets, inside the timed run where the
+# warm-up missed it (the H200's cold-cache runs compiled 14 such variants of _decode, _prefill and combine_cut_units:
+# benchmarks/results/triton_compiles_2026-12-01_nvidia-h200_cold-cache.jsonl). Not specialized: one variant each.
+RUN_TIME_INTS = ["num_seqs", "num_programs", "stride_bt_seq"]
+COMBINE_DIM_BLOCK = 64  # output columns per combine program: more programs, a small [rows, 64] tile
+# bf16 partials (the Gluon MLA kernels'): twice the columns, the same bytes a program, where that still leaves two
+# programs a multiprocessor and a step half a sequence's partials (many sequences of few ranges): on an H200 128 MLA
+# heads x 256 sequences of 1K 185.3 -> 174.8 us a layer (16,384 programs -> 8,192), x 32 of 1K 33.2 -> 32.0; at 8 of
+# 4K (J 4 -> 2 a step, more steps) 31.9 -> 32.4, so not there (benchmarks/combine_sweep_h200.py,
+# combine_sweep_h200_2026-12-04_*).
+COMBINE_WIDE_BF16 = True
+# Rows of a unit one combine program merges at most: MLA's 32- and 64-head blocks would hold a [J_BLOCK, rows, 64]
+# float32 tile of 128-256 registers a thread (ptxas: the 64-row combine spills), so their rows go to more programs.
+COMBINE_MAX_ROWS = 16
+# [J, rows, columns] a program loads a step at most (one tile, or J unrolled): 32 float32 a thread. At 8192 (8 x 16 x
+# 64) as one tile, 248 registers and 2 programs a multiprocessor: 128 MLA heads x 32 sequences merged in 52 us
+# (kernels_h200_2026-12-02_*_grid-5).
+COMBINE_MAX_TILE = 4096
+# A few sequences cut into hundreds of ranges (one long sequence) leave a grid of (sequence, unit, row block, column
+# block) too few programs to merge them: on the H200 one 64K MLA sequence's 396 partials took 8 programs ~190 us.
+# Below this many programs per multiprocessor the rows, then the columns, go to more programs, down to ROW_SPLIT rows
+# and DIM_SPLIT columns: 8.6 us for that sequence (kernels_h200_*_grid-5; 64 columns and 32 partials: 16.5 us,
+# grid-4). Halving step by step, not straight to the least: 128 MLA heads x 8 sequences went straight from 512
+# programs to 8192 (a 30 us combine, kernels_h200_2026-12-02_*_grid-3). One per multiprocessor, not 4: at 4, 32
+# sequences x 4 KV heads took the split too, where most sequences are whole and the added programs only exit
+# (GQA 28/4 b32 x 1K 32.9 -> 36.2 us, grid-5). With the halving, 2 and 4 were 1.00x at the median of every decode
+# family, each slower somewhere (kernels_h200_2026-12-02_*_grid-11-per-sm-*: 128h b8 x 4K 1.14x at 4).
+COMBINE_PROGRAMS_PER_SM = 1
+COMBINE_ROW_SPLIT, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 256
+# Then, where a step already takes its partials as one tile (more than COMBINE_UNROLL_J: one long sequence's hundreds)
+# and the tile is what caps how many, the columns are halved again, down to a 32-byte sector a row: each step is a
+# round trip to memory. One 16-head 64K sequence's 132 partials: 7 steps of 64 -> 1 of 256, combine 8.6 -> 4.7 us;
+# one GQA 28/4 128K sequence's 99: 4.0 -> 3.2 us (kernels_h200_2026-12-02_*_grid-18 against grid-17). Unrolled steps
+# stay as they are: 128 heads' 66 partials a 64-head block went from 5 unrolled steps of 16 to one tile of 128 at 8
+# columns (2048 programs) and took 15.5 us, not 7.6 (grid-18).
+COMBINE_DIM_LEAST = 8
+# Up to this many partials a step, each is its own [rows, columns] tile, unrolled (few registers: 128 MLA heads x 32
+# sequences 27 -> 7.7 us, x 8 16 -> 5.4 us, GQA 28/4 x 32 5.6 -> 3.2 us); above it they are one [J, rows, columns]
+# tile spread over the threads, which one long sequence's hundreds of partials need (unrolled 64 a step, one 32K
+# sequence at 16 MLA heads took 17.7 us, not 8.6; kernels_h200_2026-12-02_*_grid-13).
+COMBINE_UNROLL_J = 16
+# Nor cut into slices, a program a slice of one step, the last slice to finish (a ticket) merging them: one 128-head
+# 32K sequence's combine 6.7 -> 10.3 us, the layer 33.3 -> 37.1 (combine_sweep_h200_2026-12-04_*_slices; 4a60ee8,
+# reverted). ptxas issues a step's loads together already (a round trip a step); 1280 programs were two waves, and the
+# ticket and the slices' merge two more round trips.
+# The steps not software-pipelined: tl.range(num_stages=3) over them (loads two steps ahead, 140 registers at 16
+# partials a step) made every combine slower on the H200, one long 128-head MLA sequence's 6.8 -> 11.0 us and 32 x 1K's
+# 6.5 -> 9.9 (kernels_h200_2026-12-04_*_combine-pipelined against *_grid-wide-bf16; profiler times, eager).
+# A range that straddles two sequences runs a second segment (its query loaded and its first tiles waited for again)
+# and leaves a partial in each. Where the sequences are of one length and fewer than the programs, R a multiple of
+# them puts a boundary between every two: taken where the programs it leaves idle, (most - R) x T tiles, come to at most
+# ALIGN_TILES tiles a range, i.e. (most - R) x T <= ALIGN_TILES x most^2 (most: R unaligned). For MLA (ALIGN), whose
+# query is 72 KiB and whose partial 128 KiB at 64 heads: on an H200 128 heads x 32 sequences of 1K 45.0 -> 40.2 us,
+# 16 heads 29.6 -> 26.0 (kernels_h200_2026-12-03_*_align-first against *_align-before). Not for dense decode: no cell
+# faster, and _decode's registers at 256 sequences went 126 -> 159 (4 programs a multiprocessor to 3: the large cells
+# 4-8% slower). Nor whole sequences a range (R a divisor of them): 128 heads x 256 of 1K 208 -> 217 us.
+ALIGN_TILES = tl.constexpr(2)
+
+
+@triton.jit
+def tile_line(seq_lens_ptr, num_seqs, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr):
+    """Per sequence: length, tiles, and where its stretch of a unit's line ends; the line's length."""
+    seqs = tl.arange(0, SEQS_PAD)
+    lens = tl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0)
+    tiles = tl.cdiv(lens, BLOCK_N)
+    return seqs, lens, tiles, tl.cumsum(tiles, 0), tl.sum(tiles, 0)
+
+
+@triton.jit
+def line_ranges(num_programs, UNITS: tl.constexpr, total, MIN_TILES: tl.constexpr, tiles, ALIGN: tl.constexpr):
+    """R: the programs per unit, but no more than the line's T tiles over MIN_TILES (at least 1); with ALIGN, fewer
+    where the ranges then start at sequence boundaries (ALIGN_TILES). tiles: each sequence's."""
+    most = tl.maximum(1, tl.minimum(num_programs // UNITS, total // MIN_TILES))
+    if ALIGN:
+        busy = tl.maximum(1, tl.sum((tiles > 0).to(tl.int32), 0))
+        aligned = most // busy * busy
+        most = tl.where((aligned > 0) & ((most - aligned) * total <= ALIGN_TILES * most * most), aligned, most)
+    return most
+
+
+@triton.jit
+def program_start(j, ranges, total):
+    """The first tile of range j <= R (R: the line's end)."""
+    return (j.to(tl.int64) * total // ranges).to(tl.int32)
+
+
+@triton.jit
+def program_range(j, ranges, total):
+    """Range j of R on a line of T tiles: [j*T//R, (j+1)*T//R); empty for j >= R."""
+    return program_start(tl.minimum(j, ranges), ranges, total), program_start(tl.minimum(j + 1, ranges), ranges, total)
+
+
+@triton.jit
+def program_of(x, ranges, total):
+    """The range holding tile x: the largest j with j*T//R <= x."""
+    return (((x + 1).to(tl.int64) * ranges + total - 1) // total - 1).to(tl.int32)
+
+
+@triton.jit
+def locate(x, seqs, lens, tiles, ends):
+    """Tile x of a unit's line -> (sequence, its first tile here, its tiles, its length, where it ends)."""
+    seq = tl.sum((ends <= x).to(tl.int32), 0)
+    here = seqs == seq
+    n = tl.sum(tl.where(here, tiles, 0), 0)
+    seq_end = tl.sum(tl.where(here, ends, 0), 0)
+    return seq, x - (seq_end - n), n, tl.sum(tl.where(here, lens, 0), 0), seq_end
+
+
+@triton.jit
+def store_range_result(acc, m, l, out_ptr, seq, stride_o_seq, stride_o_head, heads, dims, out_mask, row_mask, rows,
+                       part_out_ptr, part_lse_ptr, pid, whole, x, first, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """A sequence's attention over this range: its output if the range holds all of it, else a
+    partial (output and log-sum-exp) in slot 0 if it is the range's first sequence (x == first), else in slot 1 (its
+    last).
+    Once, not in both slots, where the range lies inside the sequence: at 128 MLA heads a partial is 128 KiB, more
+    than the 72 KiB latent tile it summarises."""
+    if whole:
+        o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
+        tl.store(o_ptrs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        at = (pid * 2 + (x != first).to(tl.int32)) * ROWS + rows
+        tl.store(part_out_ptr + at[:, None] * WIDTH + dims[None, :], acc / l[:, None], mask=out_mask)
+        tl.store(part_lse_ptr + at, m + tl.log2(l), mask=row_mask)
+
+
+@triton.jit
+def _partial_at(j, j_first, first_slot, unit, rows, UNITS: tl.constexpr, ROWS: tl.constexpr):
+    """Where program j's partial of a sequence is (rows of the unit): slot 1 of the first where its range began
+    before the sequence, else slot 0."""
+    slot = tl.where(j == j_first, first_slot, 0)
+    return ((j * UNITS + unit) * 2 + slot) * ROWS + rows
+
+
+@triton.jit
+def _partial_lse(part_lse_ptr, j, j_first, j_last, first_slot, unit, rows, row_mask, UNITS: tl.constexpr,
+                 ROWS: tl.constexpr):
+    """Program j's log-sum-exp of the sequence's rows; -inf past the last program."""
+    return tl.load(part_lse_ptr + _partial_at(j, j_first, first_slot, unit, rows, UNITS, ROWS),
+                   mask=(j <= j_last) & row_mask, other=float("-inf"))
+
+
+@triton.jit(do_not_specialize=RUN_TIME_INTS[:2])
+def combine_cut_units(
+    part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_seqs, num_programs,
+    stride_o_seq, stride_o_head,
+    NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
+    J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, MIN_TILES: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr,
+):
+    """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
+    unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
+    programs' partials per step, into the output of ROW_BLOCK of the unit's ROWS heads. Whole ones were
+    written already; empty sequences get zeros here."""
+    seq = tl.program_id(0)
+    row_blocks = tl.cdiv(ROWS, ROW_BLOCK)
+    unit = tl.program_id(1) // row_blocks
+    seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
+    ranges = line_ranges(num_programs, UNITS, total, MIN_TILES, tiles, ALIGN)
+    n = tl.sum(tl.where(seqs == seq, tiles, 0), 0)
+    if PDL:  # launched early (dispatch.PDL): the attention kernel's partials and outputs are complete past this
+        gdc_wait()
+    rows = tl.program_id(1) % row_blocks * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
+    heads = unit * ROWS + rows
+    row_mask = (rows < ROWS) & (heads < NUM_HEADS)
+    dims = tl.program_id(2) * DIM_BLOCK + tl.arange(0, DIM_BLOCK)
+    mask = row_mask[:, None] & (dims < HEAD_DIM)[None, :]
+    o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
+    if n == 0:
+        tl.store(o_ptrs, tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        seq_end = tl.sum(tl.where(seqs == seq, ends, 0), 0)
+        j_first = program_of(seq_end - n, ranges, total)
+        j_last = program_of(seq_end - 1, ranges, total)
+        if j_first != j_last:
+            # the first program holds it in slot 1 where its range began before the sequence, else in slot 0
+            first_slot = (program_start(j_first, ranges, total) < seq_end - n).to(tl.int32)
+            m = tl.full([ROW_BLOCK], float("-inf"), tl.float32)
+            w = tl.zeros([ROW_BLOCK], tl.float32)
+            acc = tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32)
+            for j0 in range(j_first, j_last + 1, J_BLOCK):
+                if UNROLL:
+                    # the step's partials one [rows, columns] tile each, the sum over them in each thread: as one [J,
+                    # rows, columns] tile Triton reduced it across warps through shared memory, at 193 registers a
+                    # thread for 4 x 16 x 64 (2 programs a multiprocessor; decode_ncu_2026-12-02_*_combine-*)
+                    m_new = m
+                    for jj in tl.static_range(J_BLOCK):
+                        m_new = tl.maximum(m_new, _partial_lse(part_lse_ptr, j0 + jj, j_first, j_last, first_slot,
+                                                               unit, rows, row_mask, UNITS, ROWS))
+                    m_new = tl.where(row_mask, m_new, 0.0)  # padding rows: no -inf - -inf
+                    alpha = tl.exp2(m - m_new)
+                    acc = acc * alpha[:, None]
+                    w = w * alpha
+                    for jj in tl.static_range(J_BLOCK):
+                        j = j0 + jj
+                        p = tl.exp2(_partial_lse(part_lse_ptr, j, j_first, j_last, first_slot, unit, rows, row_mask,
+                                                 UNITS, ROWS) - m_new)
+                        at = _partial_at(j, j_first, first_slot, unit, rows, UNITS, ROWS)
+                        o = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :],
+                                    mask=(j <= j_last) & mask, other=0.0)
+                        acc += o * p[:, None]
+                        w += p
+                else:
+                    # many partials a step (few sequences cut into many ranges): spread over the threads
+                    js = j0 + tl.arange(0, J_BLOCK)
+                    at = _partial_at(js[:, None], j_first, first_slot, unit, rows[None, :], UNITS, ROWS)  # [J, rows]
+                    held = (js <= j_last)[:, None] & row_mask[None, :]
+                    lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
+                    o = tl.load(part_out_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
+                                mask=held[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0)
+                    m_new = tl.where(row_mask, tl.maximum(m, tl.max(lse, 0)), 0.0)
+                    alpha = tl.exp2(m - m_new)
+                    p = tl.exp2(lse - m_new[None, :])  # [J, rows]
+                    acc = acc * alpha[:, None] + tl.sum(o * p[:, :, None], 0)
+                    w = w * alpha + tl.sum(p, 0)
+                m = m_new
+            w = tl.where(row_mask, w, 1.0)
+            tl.store(o_ptrs, (acc / w[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
+                   min_tiles=1, align=False):
+    """Launch combine_cut_units over every (sequence, unit, row block, column block), in smaller blocks where that
+    grid would leave the GPU mostly idle (few sequences), merging more partials a step where a sequence has many."""
+    num_seqs = seq_lens.shape[0]
+    # The blocks are chosen for the batch rounded up to a power of two: the constexprs (hence the compiled variants)
+    # of a batch between two of the paged stack's CUDA-graph buckets are those of a bucket, warmed before the timed
+    # run (memcheck/stacks/paged/graphs.py). An eager mixed step decodes any count of sequences (R1's 32 x 2K: 1 to 31).
+    seqs = next_pow2(num_seqs)
+    # the lengths summed over 16 lanes at least: the sum does not depend on the width, and a wider one cost each launch
+    # ~1 us (decode's 64 lanes, kernels_h200_2026-12-04_*_pad64-*)
+    seqs_pad = max(16, seqs)
+    row_block = min(max(2, next_pow2(rows)), COMBINE_MAX_ROWS)  # ROW_BLOCK 1 would be a different tl.arange
+    dim_block = min(COMBINE_DIM_BLOCK, max(16, next_pow2(head_dim)))
+
+    def programs():
+        return seqs * units * triton.cdiv(rows, row_block) * triton.cdiv(head_dim, dim_block)
+
+    while programs() < COMBINE_PROGRAMS_PER_SM * sm_count(out.device):
+        if row_block > COMBINE_ROW_SPLIT:
+            row_block //= 2
+        elif dim_block > COMBINE_DIM_SPLIT:
+            dim_block //= 2
+        else:
+            break
+    # partials a step: about as many as a sequence has, were the lengths equal (its share of the unit's ranges, + 1
+    # for the cuts), so few are masked; a power of two from 2 to J_SPLIT, 8 variants to compile at most
+    wanted = min(max(2, next_pow2(num_programs // (units * seqs) + 1)), COMBINE_J_SPLIT)
+
+    def j_block():
+        return min(wanted, max(1, COMBINE_MAX_TILE // (row_block * dim_block)))
+
+    while COMBINE_UNROLL_J < j_block() < wanted and dim_block > COMBINE_DIM_LEAST:
+        dim_block //= 2
+    if (COMBINE_WIDE_BF16 and part_out.element_size() == 2 and dim_block == COMBINE_DIM_BLOCK < head_dim
+            and programs() >= 4 * sm_count(out.device)
+            and min(wanted, COMBINE_MAX_TILE // (row_block * 2 * dim_block)) >= wanted // 2):
+        dim_block *= 2
+    j_block = j_block()
+    combine_cut_units[(num_seqs, units * triton.cdiv(rows, row_block), triton.cdiv(head_dim, dim_block))](
+        part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
+        HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
+        UNROLL=j_block <= COMBINE_UNROLL_J, MIN_TILES=min_tiles, ALIGN=align, **pdl_options(launches_early(out.device)),
+        num_warps=4,
+    )
