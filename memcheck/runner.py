@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from . import forkserver, rank_workers, stacks
+from . import environment, forkserver, rank_workers, stacks
 from .baselines import BaselineStore
 from .errors import StackUnavailable, UsageError
 from .measurement import Measurement
@@ -50,7 +50,9 @@ def measure_item(workload, stack: str, settings: Settings) -> Measurement:
     missing = _attention_missing(workload, stack, settings.device)
     if missing:  # skipped before any worker starts: a worker costs seconds of imports, on every CPU CI run
         m = Measurement.of_item(workload, stack)
-        m.skipped = missing
+        m.skip(missing)
+        if missing.software_changed:  # judged against its baseline: the fingerprint names what changed
+            m.environment = environment.of_item(_device_type(settings.device), workload.profile, m.digest)
         return m
     rounds = [_measure_in_worker(workload, stack, settings) for _ in range(workload.rounds)]
     first = rounds[0]
@@ -79,20 +81,25 @@ def _mark_contended(m: Measurement, items: int) -> None:
     m.notes.append(f"time metrics {why}; memory metrics are per process")
 
 
-def _attention_missing(workload, stack: str, device: str) -> str | None:
-    """Why the item's attention variant cannot run on this runner (flash-attn not installed...), or None. Only the
-    device's type is needed: no CUDA context is made in this process."""
-    attention = stacks.split(stack)[1]
-    if attention is None:
-        return None
+def _device_type(device: str):
+    """The torch.device an item runs on, by type only: no CUDA context is made in this process."""
     import torch
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
+def _attention_missing(workload, stack: str, device: str) -> StackUnavailable | None:
+    """Why the item's pinned attention cannot run here (flash-attn not installed, not implemented by the installed
+    transformers...), or None."""
+    attention = stacks.split(stack)[1]
+    if attention is None:
+        return None
     try:
-        stacks.load(stack).check_attention(attention, workload, torch.device(device))
+        stacks.load(stack).check_attention(attention, workload, _device_type(device))
     except StackUnavailable as e:
-        return str(e)
+        return e
     except Exception:  # noqa: BLE001 - anything else is the worker's to report, as the item's error
         return None
     return None
@@ -305,7 +312,7 @@ def judge_item(m: Measurement, rule_set: dict, settings: Settings, store: Baseli
     t0 = time.perf_counter()
     baseline, baseline_error = None, None
     device_class = m.environment.get("device_class")
-    if device_class and not (m.error or m.skipped):
+    if device_class and not (m.error or (m.skipped and not m.software_changed)):
         try:
             baseline = store.load(device_class, m.workload, m.stack)
         except UsageError as e:

@@ -15,7 +15,7 @@ class Verdict(_State):
     """One item's verdict; declared worst first (the order of every report's summary)."""
 
     REGRESSED = "regressed"
-    ERROR = "error"  # the workload failed (out of memory, crash, timeout, bad input)
+    ERROR = "error"  # the workload failed (out of memory, crash, timeout, bad input), or no longer runs
     IMPROVED = "improved"  # beyond the threshold in the better direction: refresh the baseline
     INCOMPARABLE = "incomparable"  # baseline from another device class, GPU, profile or workload definition
     NEW = "new"  # no baseline for this device class yet

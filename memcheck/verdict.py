@@ -69,6 +69,8 @@ class ItemResult:
 def judge(m: Measurement, rule_set: dict[str, rules.Rule], baseline: Baseline | None,
           baseline_error: str | None = None, strict_environment=()) -> ItemResult:
     """`strict_environment`: software fields the project makes incomparable ([tool.memcheck])."""
+    if m.skipped and m.software_changed and baseline is not None:
+        return _no_longer_runs(m, baseline, strict_environment)
     if m.skipped:
         return ItemResult(m, Verdict.SKIPPED, m.skipped)
     if m.error:
@@ -109,4 +111,16 @@ def judge(m: Measurement, rule_set: dict[str, rules.Rule], baseline: Baseline | 
         after = f" {result.across}" if result.across else ""
         result.reason = " ".join(f"{c.metric} improved: {c.message}{after}." for c in improved)
         result.reason += " Refresh the baseline."
+    return result
+
+
+def _no_longer_runs(m: Measurement, baseline: Baseline, strict_environment) -> ItemResult:
+    """An item whose baseline ran, and that the installed software can no longer run: a skip would hide the bump."""
+    result = ItemResult(m, Verdict.ERROR, baseline_path=str(baseline.path), baseline_recorded=baseline.recorded,
+                        baseline_metrics=baseline.metrics)
+    result.compared_across = environment.software_changes(baseline.environment, m.environment, m.stack,
+                                                           strict_environment)
+    before = (f"its baseline ran before {', '.join(result.compared_across)}" if result.compared_across
+              else "its baseline ran under the same versions")
+    result.reason = f"no longer runs: {m.skipped}; {before}"
     return result

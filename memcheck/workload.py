@@ -309,8 +309,6 @@ def _check_stack(entry: str, known_stacks, err) -> None:
         raise err(f"the {name} stack has no attention variants (write {name!r})")
     if attention not in choices:
         raise err(f"unknown attention implementation {attention!r} for the {name} stack; known: {', '.join(choices)}")
-    if attention == choices[0]:
-        raise err(f"{attention} is what plain {name!r} runs: write {name!r}")
 
 
 def _check_engine(engine: dict, err) -> None:

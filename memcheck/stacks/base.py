@@ -10,6 +10,8 @@ harness calls nothing that is not declared in this file.
     prepare()                          build the model and cache: inside the collectors, its memory counts
     warmup()                           compile, autotune, capture graphs: timed as time.warmup
     run(collectors) -> RunResult       serve every request; collectors.step(n, **kv) after each engine step
+    software()                         what the installed software chose for this item (hf: the attention
+                                       transformers picked), fingerprinted and named like a version when it changes
     weights_bytes(), workspace_bytes() for the analytic floors reported beside the peaks
     close()                            drop the model; the harness then collects garbage and stops measuring
 
@@ -43,8 +45,8 @@ class Stack(ABC):
     """Subclass, register under the entry-point group `memcheck.stacks`, and memcheck runs your engine."""
 
     name = ""
-    # Attention implementations a workload may pick as `stacks: [NAME:IMPL]`, one item each; the first is
-    # what plain NAME runs. Empty: the stack takes no variant.
+    # Attention implementations a workload may pin as `stacks: [NAME:IMPL]`, one item each; plain NAME runs the
+    # stack's own default. Empty: the stack takes no variant.
     attentions: tuple[str, ...] = ()
     attention: str | None = None  # the implementation this item runs, set by the harness before prepare()
     # Modules the worker's fork server imports once before forking the rounds of this stack (memcheck/forkserver.py):
@@ -73,8 +75,9 @@ class Stack(ABC):
 
     @classmethod
     def check_attention(cls, attention: str, workload, device) -> None:
-        """Raise StackUnavailable(reason) if the attention implementation cannot run here (not installed, needs
-        a GPU, not implemented for this model). Called only for stacks that declare `attentions`."""
+        """Raise StackUnavailable(reason) if the pinned attention implementation cannot run on this runner (not
+        installed, needs a GPU), SoftwareUnsupported if the installed software does not implement it for this
+        model. Called only for items that pin one (`NAME:IMPL`)."""
 
     @abstractmethod
     def prepare(self) -> None:
@@ -93,6 +96,12 @@ class Stack(ABC):
     def run(self, collectors) -> RunResult:
         """Serve every request of the workload. Call `collectors.step(n, **{"kv.bytes": b, "kv.live_bytes": l})`
         after each engine step: the report's timeline and the sampled peaks are read there."""
+
+    def software(self) -> dict[str, str]:
+        """What the installed software chose for this item, after prepare(), that a release may change as it
+        changes a version (hf: {"attention": "sdpa"}): stored in the item's fingerprint and named beside the
+        verdict when it differs from the baseline's ('attention sdpa -> eager')."""
+        return {}
 
     def weights_bytes(self) -> int | None:
         """Bytes of the model's parameters and buffers, for the analytic floor."""

@@ -1,5 +1,5 @@
-"""The `hf` stack: stock transformers generate() with its default (dynamic) cache, attention by SDPA unless the
-item picks another implementation (`hf:flash_attention_2`, see hf_attention.py).
+"""The `hf` stack: stock transformers generate() with its default cache and the attention transformers picks for
+the model, as users get them; `hf:sdpa`, `hf:eager`, `hf:flash_attention_2` pin one (hf_attention.py).
 
 Stock generate() batches statically: requests that arrive at the same step form one batch,
 left-padded to the longest prompt, and decode until the longest request is done. That padding and
@@ -37,19 +37,22 @@ class HFStack(Stack):
 
     @classmethod
     def check_attention(cls, attention: str, workload, device) -> None:
-        reason = hf_attention.unavailable(attention, workload, device)
-        if reason:
-            raise StackUnavailable(reason)
+        hf_attention.check(attention, workload, device)
 
     def prepare(self) -> None:
         from ..models import build_hf_model
 
-        attention = self.attention or hf_attention.DEFAULT
-        implementation, self.notes = hf_attention.per_part(attention, self.workload)
-        self.notes.insert(0, f"attention: {attention}" + (f" (flash-attn {hf_attention.flash_attn_version()})"
-                                                           if attention == "flash_attention_2" else ""))
+        implementation, self.notes = (hf_attention.per_part(self.attention, self.workload) if self.attention
+                                      else (None, []))
         self.model = build_hf_model(self.workload, self.device, attn_implementation=implementation)
+        self.resolved_attention = hf_attention.resolved(self.model)
+        how = "pinned" if self.attention else "transformers' default for this model"
+        flash = (f", flash-attn {hf_attention.flash_attn_version()}" if self.attention == "flash_attention_2" else "")
+        self.notes.insert(0, f"attention: {self.resolved_attention} ({how}{flash})")
         self.vocab = self.model.config.get_text_config().vocab_size
+
+    def software(self) -> dict[str, str]:
+        return {"attention": self.resolved_attention}
 
     def warmup(self) -> None:
         """On CUDA, the whole workload once, untimed: stock generate() pays a one-time cost per new shape (every

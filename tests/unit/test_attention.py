@@ -1,7 +1,10 @@
 """The attention implementation as an item setting: `hf:IMPL` stack entries and vLLM's `engine.attention_backend`.
 
-A variant is its own item, baseline file and digest (an SDPA baseline never judges a FlashAttention run); an
-implementation this runner lacks skips the item with its reason, never running SDPA under the variant's name."""
+Plain `hf` runs the implementation transformers picks and records it; a pinned variant is its own item, baseline
+file and digest (an SDPA baseline never judges a FlashAttention run); an implementation this runner lacks skips
+the item with its reason, never running another under the variant's name; one the installed transformers no
+longer implements fails an item that has a baseline."""
+import json
 import textwrap
 
 import pytest
@@ -9,7 +12,7 @@ import torch
 
 from memcheck import stacks, workload
 from memcheck.baselines import BaselineStore
-from memcheck.errors import UsageError
+from memcheck.errors import SoftwareUnsupported, UsageError
 from memcheck.measure_round import measure
 from memcheck.runner import Settings, run_item
 from memcheck.stacks import hf_attention
@@ -33,15 +36,14 @@ def load(tmp_path, stacks_yaml="[hf]", extra=""):
 
 
 def test_variants_are_items_of_their_own(tmp_path):
-    w = load(tmp_path, "[hf, 'hf:eager', 'hf:flash_attention_2', 'hf:flex_attention', paged]")
-    assert w.stacks == ["hf", "hf:eager", "hf:flash_attention_2", "hf:flex_attention", "paged"]
+    w = load(tmp_path, "[hf, 'hf:sdpa', 'hf:eager', 'hf:flash_attention_2', 'hf:flex_attention', paged]")
+    assert w.stacks == ["hf", "hf:sdpa", "hf:eager", "hf:flash_attention_2", "hf:flex_attention", "paged"]
     assert stacks.split("hf:flash_attention_2") == ("hf", "flash_attention_2") and stacks.split("hf") == ("hf", None)
     assert stacks.load("hf:eager") is stacks.load("hf")
 
 
 @pytest.mark.parametrize("entry, message", [
     ("hf:flash_attn", "stacks[0]: unknown attention implementation 'flash_attn' for the hf stack; known: sdpa, eager"),
-    ("hf:sdpa", "stacks[0]: sdpa is what plain 'hf' runs: write 'hf'"),
     ("paged:eager", "stacks[0]: the paged stack has no attention variants (write 'paged')"),
     ("nope:eager", "stacks[0]: unknown stack 'nope'"),
 ])
@@ -59,7 +61,7 @@ def test_a_stack_listed_twice_is_refused(tmp_path):
 def test_the_attention_is_part_of_the_digest_and_the_baseline_file(tmp_path):
     w = load(tmp_path)
     assert w.digest() == w.digest(None)  # plain entries: the digests of existing baselines do not move
-    assert len({w.digest(), w.digest("eager"), w.digest("flash_attention_2")}) == 3
+    assert len({w.digest(), w.digest("sdpa"), w.digest("eager"), w.digest("flash_attention_2")}) == 4
     store = BaselineStore(tmp_path / "baselines")
     assert store.path("cpu-x86_64", "tiny", "hf").name == "hf.json"
     assert store.path("cpu-x86_64", "tiny", "hf:flash_attention_2").name == "hf+flash_attention_2.json"
@@ -75,7 +77,7 @@ def test_flash_attention_without_flash_attn_is_skipped_with_the_reason(tmp_path)
     assert m.id == "tiny[hf:flash_attention_2]" and not m.metrics
 
 
-def test_an_implementation_transformers_lacks_for_the_model_is_skipped(tmp_path):
+def test_an_implementation_transformers_lacks_for_the_model_is_the_softwares_doing(tmp_path):
     path = tmp_path / "vl.yaml"
     path.write_text(textwrap.dedent("""\
         name: vl
@@ -85,8 +87,9 @@ def test_an_implementation_transformers_lacks_for_the_model_is_skipped(tmp_path)
         stacks: ['hf:flex_attention']
     """))
     (w,) = workload.load_file(str(path), None, stacks.names(), {})
-    reason = hf_attention.unavailable("flex_attention", w, CPU)
-    assert reason.endswith("implements DeepseekVLHybridForConditionalGeneration without flex_attention")
+    with pytest.raises(SoftwareUnsupported) as e:
+        hf_attention.check("flex_attention", w, CPU)
+    assert str(e.value).endswith("implements DeepseekVLHybridForConditionalGeneration without flex_attention")
     # FlashAttention reaches the language model and the SigLIP tower; the SAM tower has none in transformers
     parts, notes = hf_attention.per_part("flash_attention_2", w)
     assert parts["text_config"] == parts["vision_config"] == "flash_attention_2"
@@ -95,14 +98,17 @@ def test_an_implementation_transformers_lacks_for_the_model_is_skipped(tmp_path)
 
 
 def test_eager_runs_eager_and_is_judged_against_its_own_baseline(tmp_path):
-    """A real run: hf and hf:eager each record a baseline; the eager run's model really ran eager attention."""
+    """A real run: hf and hf:eager each record a baseline; the eager run's model really ran eager attention, and
+    plain hf what transformers picked for Qwen2 (SDPA), each recorded in the fingerprint."""
     w = load(tmp_path, "[hf, 'hf:eager']")
     settings = Settings(baselines=str(tmp_path / "baselines"), device="cpu", update_baselines=True,
                         rootdir=str(tmp_path))
     results = {s: run_item(w, s, settings) for s in w.stacks}
     assert results["hf:eager"].id == "tiny[hf:eager]" and results["hf:eager"].verdict == "new"
-    assert "attention: eager" in results["hf:eager"].measurement.notes
-    assert "attention: sdpa" in results["hf"].measurement.notes
+    assert "attention: eager (pinned)" in results["hf:eager"].measurement.notes
+    assert "attention: sdpa (transformers' default for this model)" in results["hf"].measurement.notes
+    assert results["hf"].measurement.environment["attention"] == "sdpa"
+    assert results["hf:eager"].measurement.environment["attention"] == "eager"
     assert (tmp_path / "baselines/cpu-x86_64/tiny/hf+eager.json").is_file()
     assert results["hf"].measurement.digest != results["hf:eager"].measurement.digest
     again = run_item(w, "hf:eager", Settings(baselines=str(tmp_path / "baselines"), device="cpu",
@@ -138,3 +144,50 @@ def test_a_missing_implementation_is_skipped_before_any_worker_starts(tmp_path, 
     result = run_item(w, "hf:flash_attention_2", Settings(baselines=str(tmp_path / "b"), device="cpu"))
     assert result.verdict == "skipped" and result.reason.startswith("flash-attn is not installed")
     assert result.measurement.digest == w.digest("flash_attention_2")
+
+
+def record(tmp_path, w, stack, **environment):
+    """Record the item's baseline, then make it one recorded under other software (`environment` fields)."""
+    settings = Settings(baselines=str(tmp_path / "baselines"), device="cpu", rootdir=str(tmp_path))
+    assert run_item(w, stack, Settings(**{**vars(settings), "update_baselines": True})).verdict == "new"
+    path = tmp_path / "baselines/cpu-x86_64/tiny" / f"{stack.replace(':', '+')}.json"
+    data = json.loads(path.read_text())
+    data["environment"].update(environment)
+    path.write_text(json.dumps(data))
+    return settings
+
+
+def test_a_change_of_the_default_attention_is_named_like_a_version_bump(tmp_path):
+    w = load(tmp_path)
+    settings = record(tmp_path, w, "hf", attention="eager")  # as if the release before picked eager for Qwen2
+    result = run_item(w, "hf", settings)
+    assert "attention eager -> sdpa" in result.compared_across, result.compared_across
+
+
+def test_a_skip_never_hides_a_bump(tmp_path, monkeypatch):
+    """hf:sdpa has a baseline recorded under another transformers; the installed one no longer implements SDPA
+    for the model (as releases have done for a model family): the item fails, naming the versions. Without a
+    baseline it is skipped; a runner that lacks a package the item needs still skips it."""
+    w = load(tmp_path, "['hf:sdpa']")
+    settings = record(tmp_path, w, "hf:sdpa", transformers="5.0.0")
+    running = __import__("transformers").__version__
+    monkeypatch.setattr(hf_attention, "supports", lambda cls, attention: attention != "sdpa")
+    result = run_item(w, "hf:sdpa", settings)
+    assert result.verdict == "error" and result.failed
+    assert result.reason == (f"no longer runs: transformers {running} implements Qwen2ForCausalLM without sdpa; "
+                             f"its baseline ran before transformers 5.0.0 -> {running}")
+    assert result.compared_across == [f"transformers 5.0.0 -> {running}"]
+
+    fresh = run_item(w, "hf:sdpa", Settings(baselines=str(tmp_path / "none"), device="cpu", rootdir=str(tmp_path)))
+    assert fresh.verdict == "skipped" and not fresh.failed
+
+
+def test_a_runner_that_lacks_a_package_still_skips(tmp_path, monkeypatch):
+    if hf_attention.flash_attn_version() is not None:
+        pytest.skip("flash-attn is installed here")
+    w = load(tmp_path, "['hf:flash_attention_2']")
+    base = tmp_path / "baselines/cpu-x86_64/tiny/hf+flash_attention_2.json"
+    base.parent.mkdir(parents=True)
+    base.write_text("{}")  # would be an error if it were read: a runner's skip never reads its baseline
+    result = run_item(w, "hf:flash_attention_2", Settings(baselines=str(tmp_path / "baselines"), device="cpu"))
+    assert result.verdict == "skipped" and not result.failed
