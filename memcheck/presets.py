@@ -20,6 +20,9 @@ ALIASES = {
     "kv_heads": "num_key_value_heads",
     "experts": "n_routed_experts",
 }
+# Where a family names a field otherwise: the first of these a config has is what the alias sets
+# (Qwen-MoE and Mixtral count experts in num_experts / num_local_experts, DeepSeek in n_routed_experts).
+ALIAS_SPELLINGS = {"experts": ("n_routed_experts", "num_experts", "num_local_experts")}
 
 _YARN_V2 = {
     "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
@@ -49,6 +52,11 @@ class Preset:
     def text_config(self, config: dict) -> dict:
         return config[self.text_key] if self.text_key else config
 
+    def field_name(self, key: str) -> str:
+        """The config field a workload's `model:` key sets: an alias resolved for this config's family."""
+        text = self.text_config(self.config)
+        return next((name for name in ALIAS_SPELLINGS.get(key, ()) if name in text), ALIASES.get(key, key))
+
     def fields(self) -> set[str]:
         names = set(self.text_config(self.config)) | set(ALIASES)
         if self.text_key:
@@ -64,7 +72,7 @@ class Preset:
             if key in ("vision", "high_res_vision") and self.text_key:
                 config[f"{key}_config"].update(value)
             else:
-                text[ALIASES.get(key, key)] = value
+                text[self.field_name(key)] = value
         original = self.text_config(self.config)
         fit_layer_lists(original, text)
         fit_rotary_lists(original, text)
@@ -181,13 +189,27 @@ def from_config(data, name: str) -> Preset:
     if "quantization_config" in data:
         raise ValueError("quantization_config: quantized checkpoints are not supported (weights are random)")
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-    config = {k: v for k, v in data.items() if k not in CHECKPOINT_KEYS}
+    config = canonical_names({k: v for k, v in data.items() if k not in CHECKPOINT_KEYS}, model_type)
     vision = isinstance(config.get("text_config"), dict) and isinstance(config.get("vision_config"), dict)
     family = "vision-language" if vision else "mla-moe" if config.get("kv_lora_rank") else "dense"
     # Vision-language configs other than DeepSeek-VL's run text only (the seeded pixels are DeepSeek-VL's).
     image_tokens = PRESETS["deepseek-vl-7b"].image_tokens if model_type == "deepseek_vl_hybrid" else 0
     return Preset(name, model_type, family, config, text_key="text_config" if vision else None,
                   image_tokens=image_tokens, config_digest=digest)
+
+
+# Fields every family has, whatever its config.json calls them (GPT-2: n_layer, n_embd, n_head, n_positions).
+CANONICAL = ("num_hidden_layers", "hidden_size", "num_attention_heads", "max_position_embeddings")
+
+
+def canonical_names(config: dict, model_type: str) -> dict:
+    """A config.json's fields under the names transformers maps them from (its config class's attribute_map),
+    so that `layers: 2` and the per-layer fitting mean the same on every family."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    native = getattr(CONFIG_MAPPING[model_type], "attribute_map", {})
+    renames = {native[name]: name for name in CANONICAL if name in native and name not in config}
+    return {renames.get(k, k): v for k, v in config.items()}
 
 
 PRESETS: dict[str, Preset] = {}
