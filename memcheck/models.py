@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from .devices import is_cuda
+from .errors import StackUnavailable
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -39,19 +40,29 @@ def _model_types(config: dict) -> set[str]:
 
 
 def hf_config(workload):
+    """The workload's transformers config. Raises StackUnavailable when this transformers lacks the architecture
+    (a preset's model type arrived in a later release): the reason names the version."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: nothing here may reach a hub
     from transformers import AutoConfig
 
-    config = dict(workload.model_config())
+    from . import transformers_compat as compat
+
+    config = compat.config_fields(dict(workload.model_config()))
+    missing = compat.missing_model_types(_model_types(config))
+    if missing:
+        raise StackUnavailable(f"transformers {compat.version()} does not implement {', '.join(missing)} "
+                               f"(model {workload.preset.name!r}; a later release does)")
     model_type = config.pop("model_type")
     return AutoConfig.for_model(model_type, **config)
 
 
 def model_factory(workload):
     """The transformers auto class that builds this workload's model."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    import transformers
 
-    return AutoModelForImageTextToText if workload.preset.family == "vision-language" else AutoModelForCausalLM
+    if workload.preset.family != "vision-language":
+        return transformers.AutoModelForCausalLM
+    return transformers.AutoModelForImageTextToText  # 4.46+; hf_config names an older release's missing model
 
 
 def build_hf_model(workload, device, attn_implementation: str | dict | None = None, weights=None):
@@ -64,6 +75,8 @@ def build_hf_model(workload, device, attn_implementation: str | dict | None = No
 
     import torch
 
+    from .transformers_compat import dtype_kwargs
+
     config = hf_config(workload)
     pinned = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     if pinned:
@@ -75,7 +88,7 @@ def build_hf_model(workload, device, attn_implementation: str | dict | None = No
         torch.cuda.manual_seed_all(workload.seed)
     # Built directly on the device: a 7B model initialised on the CPU first would take minutes.
     with torch.device(device), (weights.recording() if weights is not None else contextlib.nullcontext()):
-        model = factory.from_config(config, dtype=dtype, **pinned)
+        model = factory.from_config(config, **dtype_kwargs(dtype), **pinned)
     return model.eval()
 
 

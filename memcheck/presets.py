@@ -20,6 +20,9 @@ ALIASES = {
     "kv_heads": "num_key_value_heads",
     "experts": "n_routed_experts",
 }
+# Where a family names a field otherwise: the first of these a config has is what the alias sets
+# (Qwen-MoE and Mixtral count experts in num_experts / num_local_experts, DeepSeek in n_routed_experts).
+ALIAS_SPELLINGS = {"experts": ("n_routed_experts", "num_experts", "num_local_experts")}
 
 _YARN_V2 = {
     "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
@@ -49,6 +52,11 @@ class Preset:
     def text_config(self, config: dict) -> dict:
         return config[self.text_key] if self.text_key else config
 
+    def field_name(self, key: str) -> str:
+        """The config field a workload's `model:` key sets: an alias resolved for this config's family."""
+        text = self.text_config(self.config)
+        return next((name for name in ALIAS_SPELLINGS.get(key, ()) if name in text), ALIASES.get(key, key))
+
     def fields(self) -> set[str]:
         names = set(self.text_config(self.config)) | set(ALIASES)
         if self.text_key:
@@ -56,21 +64,28 @@ class Preset:
         return names - {"model_type", "rope_parameters"}
 
     def resolve(self, overrides: dict) -> dict:
-        """The preset's config with a workload's overrides applied (aliases resolved)."""
+        """The preset's config with a workload's overrides applied (aliases resolved), kept valid: every list
+        sized by the layer count or the rotary width follows the overridden value."""
         config = copy.deepcopy(self.config)
         text = self.text_config(config)
         for key, value in overrides.items():
             if key in ("vision", "high_res_vision") and self.text_key:
                 config[f"{key}_config"].update(value)
             else:
-                text[ALIASES.get(key, key)] = value
+                text[self.field_name(key)] = value
+        original = self.text_config(self.config)
+        fit_layer_lists(original, text)
+        fit_rotary_lists(original, text)
+        for key in ("vision", "high_res_vision"):  # the towers' own per-layer lists (SAM's global_attn_indexes)
+            if self.text_key and key in overrides and f"{key}_config" in config:
+                fit_layer_lists(self.config[f"{key}_config"], config[f"{key}_config"])
         if "num_key_value_heads" in text and "num_attention_heads" in text and "num_key_value_heads" not in overrides \
                 and "kv_heads" not in overrides and text["num_key_value_heads"] > text["num_attention_heads"]:
             text["num_key_value_heads"] = text["num_attention_heads"]
         # A scaled-down vocabulary cannot hold the preset's special token ids: drop them
         # (generation runs with min_new_tokens, so no end-of-sequence token is needed).
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            if isinstance(text.get(key), int) and text[key] >= text.get("vocab_size", 0):
+            if _token_ids_beyond(text.get(key), text.get("vocab_size", 0)):
                 text[key] = None
         if config.get("image_token_id", 0) >= text.get("vocab_size", 1 << 62):
             config["image_token_id"] = text["vocab_size"] - 1  # the placeholder must be a real token id
@@ -82,6 +97,73 @@ class Preset:
             return 0
         vision = config["vision_config"]
         return (vision["image_size"] // vision["patch_size"]) ** 2
+
+
+# Lists that name layers by index (Qwen-MoE's dense layers, Llama 4's MoE layers, SAM's global-attention blocks):
+# when the model loses layers, indices past the last one go.
+LAYER_INDEX_LISTS = ("mlp_only_layers", "moe_layers", "global_attn_indexes", "full_attn_idxs")
+# Lists whose length can match a small layer count by chance but never describe layers.
+NOT_PER_LAYER = ("architectures", "eos_token_id", "bos_token_id", "pad_token_id")
+
+
+def fit_layer_lists(original: dict, config: dict) -> None:
+    """Keep every per-layer list of `config` (`layer_types`, Llama 4's `no_rope_layers`, any list as long as the
+    original layer count) as long as its overridden `num_hidden_layers`: transformers 5 rejects a config whose
+    `layer_types` disagrees with it, and a model built from a stale list indexes past its layers."""
+    before, after = original.get("num_hidden_layers"), config.get("num_hidden_layers")
+    if not isinstance(before, int) or not isinstance(after, int) or before == after:
+        return
+    for key, value in config.items():
+        if not isinstance(value, list) or key in NOT_PER_LAYER:
+            continue
+        if key in LAYER_INDEX_LISTS:
+            config[key] = [i for i in value if not isinstance(i, int) or i < after]
+        elif len(value) == before and before:
+            config[key] = repeat_to(value, after)
+
+
+def repeat_to(pattern: list, length: int) -> list:
+    """`pattern` cut to `length`, or repeated: a longer model continues the published layer pattern
+    (Gemma 3's five sliding layers, then a global one)."""
+    return [pattern[i % len(pattern)] for i in range(length)]
+
+
+def rotary_half(config: dict) -> int | None:
+    """Frequencies per head the rotary embedding has: half the rotated dimensions (head_dim x
+    partial_rotary_factor), the length of a longrope config's long_factor and short_factor (Phi-3)."""
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    head_dim = config.get("head_dim") or (hidden // heads if isinstance(hidden, int) and heads else None)
+    if not isinstance(head_dim, int):
+        return None
+    return int(head_dim * (config.get("partial_rotary_factor") or 1.0)) // 2
+
+
+def fit_rotary_lists(original: dict, config: dict) -> None:
+    """Resample the per-frequency lists of the rope config (rope_scaling, or 5.x rope_parameters, also nested
+    per layer type) when an override changes the head size: transformers checks their length."""
+    before, after = rotary_half(original), rotary_half(config)
+    if not before or not after or before == after:
+        return
+    for key in ("rope_scaling", "rope_parameters"):
+        for rope in _rope_dicts(config.get(key)):
+            for name, value in rope.items():
+                if isinstance(value, list) and len(value) == before:
+                    # nearest published factor for each new frequency: the curve keeps its shape
+                    rope[name] = [value[i * (before - 1) // max(after - 1, 1)] for i in range(after)]
+
+
+def _rope_dicts(rope) -> list[dict]:
+    """The rope parameter mappings of a config: itself, or one per layer type (Gemma 3 in transformers 5)."""
+    if not isinstance(rope, dict):
+        return []
+    nested = [v for v in rope.values() if isinstance(v, dict)]
+    return nested or [rope]
+
+
+def _token_ids_beyond(ids, vocab_size: int) -> bool:
+    """Whether a special token id (or one of a list, as Gemma's eos ids) falls outside the vocabulary."""
+    values = ids if isinstance(ids, list) else [ids]
+    return any(isinstance(i, int) and i >= vocab_size for i in values)
 
 
 # Keys of a model repository's config.json that describe the checkpoint, not the architecture: the
@@ -100,18 +182,34 @@ def from_config(data, name: str) -> Preset:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     if model_type not in CONFIG_MAPPING_NAMES:
-        raise ValueError(f"model_type {model_type!r} is not an architecture this transformers knows "
-                         "(models with remote code are not run)")
+        from .transformers_compat import version
+
+        raise ValueError(f"model_type {model_type!r} is not an architecture transformers {version()} knows "
+                         "(a newer release may; models with remote code are not run)")
     if "quantization_config" in data:
         raise ValueError("quantization_config: quantized checkpoints are not supported (weights are random)")
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-    config = {k: v for k, v in data.items() if k not in CHECKPOINT_KEYS}
+    config = canonical_names({k: v for k, v in data.items() if k not in CHECKPOINT_KEYS}, model_type)
     vision = isinstance(config.get("text_config"), dict) and isinstance(config.get("vision_config"), dict)
     family = "vision-language" if vision else "mla-moe" if config.get("kv_lora_rank") else "dense"
     # Vision-language configs other than DeepSeek-VL's run text only (the seeded pixels are DeepSeek-VL's).
     image_tokens = PRESETS["deepseek-vl-7b"].image_tokens if model_type == "deepseek_vl_hybrid" else 0
     return Preset(name, model_type, family, config, text_key="text_config" if vision else None,
                   image_tokens=image_tokens, config_digest=digest)
+
+
+# Fields every family has, whatever its config.json calls them (GPT-2: n_layer, n_embd, n_head, n_positions).
+CANONICAL = ("num_hidden_layers", "hidden_size", "num_attention_heads", "max_position_embeddings")
+
+
+def canonical_names(config: dict, model_type: str) -> dict:
+    """A config.json's fields under the names transformers maps them from (its config class's attribute_map),
+    so that `layers: 2` and the per-layer fitting mean the same on every family."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    native = getattr(CONFIG_MAPPING[model_type], "attribute_map", {})
+    renames = {native[name]: name for name in CANONICAL if name in native and name not in config}
+    return {renames.get(k, k): v for k, v in config.items()}
 
 
 PRESETS: dict[str, Preset] = {}

@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from . import rules, yamlfile
-from .presets import ALIASES, PRESETS, Preset, from_config
+from .presets import PRESETS, Preset, from_config
 
 TOP_KEYS = {"name", "description", "model", "requests", "stacks", "thresholds", "rounds", "engine", "profiles",
             "tensor_parallel"}
@@ -243,7 +243,7 @@ def _parse_model(raw, err, doc_dir: str = "."):
             if not isinstance(value, dict):
                 raise err(f"model.{key}", "must be a mapping of the tower's config fields")
             continue
-        current = base.get(ALIASES.get(key, key))
+        current = base.get(preset.field_name(key))
         if isinstance(current, int) and not isinstance(current, bool):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise err(f"model.{key}", f"must be an integer, got {value!r}")
@@ -255,9 +255,10 @@ def _parse_model(raw, err, doc_dir: str = "."):
         raise err("model", f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv})")
     if preset.family == "dense" and heads and "head_dim" not in config and config.get("hidden_size", 0) % heads:
         raise err("model", f"hidden_size ({config['hidden_size']}) must be a multiple of num_attention_heads ({heads})")
-    experts, per_token = config.get("n_routed_experts"), config.get("num_experts_per_tok")
+    experts_field = preset.field_name("experts")
+    experts, per_token = config.get(experts_field), config.get("num_experts_per_tok")
     if experts and per_token and per_token > experts:
-        raise err("model", f"num_experts_per_tok ({per_token}) exceeds n_routed_experts ({experts})")
+        raise err("model", f"num_experts_per_tok ({per_token}) exceeds {experts_field} ({experts})")
     return preset, overrides, dtype, seed
 
 

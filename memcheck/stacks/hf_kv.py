@@ -8,16 +8,8 @@ from __future__ import annotations
 import time
 
 from ..metrics.value import MetricValue
+from ..transformers_compat import cache_seq_length, cache_tensors, forward_cache
 from .pages import distinct_pages
-
-
-def cache_tensors(cache) -> list:
-    import torch
-
-    tensors = []
-    for layer in getattr(cache, "layers", []):
-        tensors.extend(t for t in vars(layer).values() if isinstance(t, torch.Tensor) and t.numel())
-    return tensors
 
 
 def pages_touched(tensors) -> int:
@@ -46,7 +38,7 @@ class CacheWatcher:
         self._t = time.perf_counter()
 
     def after_forward(self, module, args, kwargs, output) -> None:
-        cache = getattr(output, "past_key_values", None) or kwargs.get("past_key_values")
+        cache = forward_cache(output, kwargs)
         tensors = cache_tensors(cache)
         if tensors and tensors[0].is_cuda:
             import torch
@@ -59,8 +51,10 @@ class CacheWatcher:
         if not tensors:
             return
         reserved = sum(t.numel() * t.element_size() for t in tensors)
-        seq_len = cache.get_seq_length()
-        slots = len(self.prompt_lens) * seq_len
+        seq_len = cache_seq_length(cache, kwargs.get("cache_position"))
+        # A static cache (4.4x's HybridCache, StaticCache) reserves more slots than tokens so far.
+        capacity = max((t.shape[-2] for t in tensors if t.dim() == 4), default=seq_len)
+        slots = len(self.prompt_lens) * max(seq_len, capacity)
         generated = seq_len - self.width
         live_tokens = sum(p + min(generated, n) for p, n in zip(self.prompt_lens, self.new_tokens))
         live = reserved * live_tokens // slots if slots else 0

@@ -42,7 +42,8 @@ def test_config_is_read_relative_to_the_workload_and_identifies_the_model(tmp_pa
     assert not wl.scaled
     config = hf_config(wl)
     assert type(config).__name__ == "LlamaConfig" and config.num_key_value_heads == 1
-    assert config.rope_parameters["rope_type"] == "llama3"  # the architecture as published, scaling included
+    rope = getattr(config, "rope_parameters", None) or config.rope_scaling  # transformers 5 / 4
+    assert rope["rope_type"] == "llama3"  # the architecture as published, scaling included
 
     # The workload digest follows the config's content: another config is another workload.
     before = wl.digest()
