@@ -14,6 +14,7 @@ from itertools import groupby
 from ..devices import is_cuda
 from ..errors import StackUnavailable
 from ..metrics.value import MetricValue
+from ..transformers_compat import text_config
 from . import hf_attention
 from .base import RunResult, Stack
 from .hf_kv import CacheWatcher
@@ -49,7 +50,7 @@ class HFStack(Stack):
         how = "pinned" if self.attention else "transformers' default for this model"
         flash = (f", flash-attn {hf_attention.flash_attn_version()}" if self.attention == "flash_attention_2" else "")
         self.notes.insert(0, f"attention: {self.resolved_attention} ({how}{flash})")
-        self.vocab = self.model.config.get_text_config().vocab_size
+        self.vocab = text_config(self.model.config).vocab_size
 
     def software(self) -> dict[str, str]:
         return {"attention": self.resolved_attention}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...transformers_compat import text_config
+
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # vLLM's default token budget with chunked prefill
@@ -65,7 +67,7 @@ class ModelSpec:
 
     @classmethod
     def from_hf(cls, config) -> "ModelSpec":
-        c = config.get_text_config()
+        c = text_config(config)
         if c.model_type not in IMPLEMENTED:
             raise ValueError(f"the paged stack implements the {', '.join(IMPLEMENTED)} architectures, "
                              f"not {c.model_type}")

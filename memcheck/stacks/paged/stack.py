@@ -9,6 +9,7 @@ from memcheck.kernels import TRITON_MODULES
 from ...devices import is_cuda
 from ...errors import StackUnavailable
 from ..base import RunResult, Stack
+from ...transformers_compat import text_config
 from ..time_metrics import time_metrics
 
 
@@ -35,9 +36,9 @@ class PagedStack(Stack):
             spec = ModelSpec.from_hf(config)
         except ValueError as e:
             raise StackUnavailable(str(e)) from None
-        window = getattr(config.get_text_config(), "sliding_window", None)
+        window = getattr(text_config(config), "sliding_window", None)
         longest = max(r.prompt_tokens + r.max_new_tokens for r in workload.requests)
-        if window and getattr(config.get_text_config(), "use_sliding_window", True) and window < longest:
+        if window and getattr(text_config(config), "use_sliding_window", True) and window < longest:
             raise StackUnavailable(f"the paged stack does not implement sliding-window attention "
                                    f"(sliding_window {window} < {longest} tokens of the longest request)")
         if workload.tensor_parallel > 1:  # one process per rank (memcheck.rank_workers), dense decoders
