@@ -23,6 +23,8 @@ from memcheck.kernels import mla  # noqa: E402
 CONFIGS = {  # MLA decode variants beside the default: 32-head blocks at 128 heads (mma.sync; the loop spills)
     "mla-32-head-blocks": mla.MID_HEADS_CONFIG,
     "mla-hopper": {**mla.MANY_HEADS_CONFIG, "seesaw": False},  # memcheck/kernels/mla_hopper.py, the seesaw's predecessor
+    # the seesaw's block numbers loaded one by one, each just before its TMA copy (mla_seesaw.BLOCKS_AT_ONCE off)
+    "mla-blocks-one-by-one": {**mla.MANY_HEADS_CONFIG, "blocks_at_once": False},
 }
 CASES = {  # name: (cell, config name or None)
     "mla16-b256x4K": (Cell(MLA_DECODE, 256, 4096, 1, 16, 1, 512, 64), None),
@@ -41,6 +43,12 @@ CASES = {  # name: (cell, config name or None)
     # long segments (248 tiles a program), where the seesaw's loads by halves lose to whole tiles (329 -> 354 us,
     # mla_hopper_h200_2026-12-04_*_ab2-*)
     "mla16-b32x32K": (Cell(MLA_DECODE, 32, 32768, 1, 16, 1, 512, 64), None),
+    # memory-bound layers of ~300 MB (benchmarks/mla_bandwidth_h200.py): MLA at 16 and 64 heads beside dense decode of
+    # the same cache bytes (GQA 28/4, 2 KiB a token)
+    "mla16-b8x32K": (Cell(MLA_DECODE, 8, 32768, 1, 16, 1, 512, 64), None),
+    "mla64-b44x6K": (Cell(MLA_DECODE, 44, 6144, 1, 64, 1, 512, 64), None),
+    "mla16-b8x32K-one-by-one": (Cell(MLA_DECODE, 8, 32768, 1, 16, 1, 512, 64), "mla-blocks-one-by-one"),
+    "gqa28-b8x18K": (Cell(DECODE, 8, 18432, 1, 28, 4, 128), None),
 }
 
 
