@@ -23,8 +23,6 @@ from memcheck.kernels import mla  # noqa: E402
 CONFIGS = {  # MLA decode variants beside the default: 32-head blocks at 128 heads (mma.sync; the loop spills)
     "mla-32-head-blocks": mla.MID_HEADS_CONFIG,
     "mla-hopper": {**mla.MANY_HEADS_CONFIG, "seesaw": False},  # memcheck/kernels/mla_hopper.py, the seesaw's predecessor
-    # the seesaw's block numbers loaded one by one, each just before its TMA copy (mla_seesaw.BLOCKS_AT_ONCE off)
-    "mla-blocks-one-by-one": {**mla.MANY_HEADS_CONFIG, "blocks_at_once": False},
 }
 CASES = {  # name: (cell, config name or None)
     "mla16-b256x4K": (Cell(MLA_DECODE, 256, 4096, 1, 16, 1, 512, 64), None),
@@ -47,7 +45,6 @@ CASES = {  # name: (cell, config name or None)
     # the same cache bytes (GQA 28/4, 2 KiB a token)
     "mla16-b8x32K": (Cell(MLA_DECODE, 8, 32768, 1, 16, 1, 512, 64), None),
     "mla64-b44x6K": (Cell(MLA_DECODE, 44, 6144, 1, 64, 1, 512, 64), None),
-    "mla16-b8x32K-one-by-one": (Cell(MLA_DECODE, 8, 32768, 1, 16, 1, 512, 64), "mla-blocks-one-by-one"),
     "gqa28-b8x18K": (Cell(DECODE, 8, 18432, 1, 28, 4, 128), None),
 }
 

@@ -14,8 +14,7 @@ copy, bytes read and written). "read": the cache's bytes read once, contiguous, 
 many cache bytes as the MLA cell beside them.
 
 Variants (MLA; the first is the one the others are compared with): "seesaw" the default (memcheck/kernels/mla.py
-on sm_90: memcheck/kernels/mla_seesaw.py), "seesaw-one-by-one" its block numbers loaded each before its copy
-(mla_seesaw.BLOCKS_AT_ONCE off), "seesaw-cp" its tiles by cp.async, "hopper" memcheck/kernels/mla_hopper.py,
+on sm_90: memcheck/kernels/mla_seesaw.py), "seesaw-cp" its tiles by cp.async, "hopper" memcheck/kernels/mla_hopper.py,
 "triton" memcheck/kernels/mla.py's _mla_decode (16 and 32 heads only: its 16- and 32-head blocks run no padded rows),
 "attention-only" the default without its combine (a diagnostic: its output is not checked, the time is the attention
 kernel's and the gaps').
@@ -40,7 +39,6 @@ STEP_BYTES = 640e6  # a timed graph holds layers of at least this many bytes tog
 SEESAW = mh.SEESAW
 VARIANTS = {
     "seesaw": SEESAW,
-    "seesaw-one-by-one": {**SEESAW, "blocks_at_once": False},
     "seesaw-cp": {**SEESAW, "tma_loads": False},
     "hopper": mh.HOPPER,
     "triton": None,  # mla.decode_config(heads) with hopper off

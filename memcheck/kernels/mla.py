@@ -284,7 +284,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
                num_programs=None):
     """MLA decode: Triton's _mla_decode, or a Gluon kernel on Hopper. out: a buffer to write (tests poison it); config
     (block_n, num_warps, num_stages, head_block, maxnreg, min_tiles, split_tail, hopper: a Gluon kernel where it runs,
-    seesaw: memcheck/kernels/mla_seesaw.py, else memcheck/kernels/mla_hopper.py; tma_loads, wide_store, blocks_at_once: the seesaw's TMA_LOADS,
+    seesaw: memcheck/kernels/mla_seesaw.py, else memcheck/kernels/mla_hopper.py; tma_loads, wide_store: the seesaw's TMA_LOADS,
     WIDE_STORE; partials: the Gluon kernels' dtype) and num_programs override the tuned defaults
     (decode_config) and the grid."""
     num_seqs, num_heads, rank = q_latent.shape
@@ -304,9 +304,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
         if cfg.get("seesaw", False):
             return mla_seesaw.mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E,
                                                 out, tma_loads=cfg.get("tma_loads", mla_seesaw.TMA_LOADS),
-                                                wide_store=cfg.get("wide_store", mla_seesaw.WIDE_STORE),
-                                                blocks_at_once=cfg.get("blocks_at_once", mla_seesaw.BLOCKS_AT_ONCE),
-                                                **gluon_cfg)
+                                                wide_store=cfg.get("wide_store", mla_seesaw.WIDE_STORE), **gluon_cfg)
         return mla_hopper.mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
                                             **gluon_cfg)
     if stamps.buffer(cfg) is not None:

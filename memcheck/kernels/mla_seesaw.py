@@ -61,9 +61,6 @@ TMA_LOADS = True
 # loads moved for it) they were 1.06-1.08x slower on small batches (mla_hopper_h200_2026-12-04_*_wide-store: 128h
 # b32 x 1K 37.8 -> 40.2 us).
 WIDE_STORE = True
-# BLOCKS_AT_ONCE: a TMA tile half's block numbers (4 with 16-token cache blocks) loaded together, before its first copy,
-# not each just before its copy (ptxas then put one block-table round trip between every two copies).
-BLOCKS_AT_ONCE = True
 SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
@@ -87,18 +84,9 @@ def _load_half(k_lat_s, k_pe_s, BUF: gl.constexpr, HALF_IDX: gl.constexpr, ready
             mbarrier.expect(ready, (64 // BOX) * (lat_desc.block_type.nbytes + pe_desc.block_type.nbytes))
         else:
             mbarrier.expect(ready, (64 // BOX) * lat_desc.block_type.nbytes)
-        BOXES: gl.constexpr = 64 // BOX
-        if TMA == 2 and BOXES > 1:  # the tile's block numbers in one round trip, every thread all of them
-            boxes: gl.constexpr = gl.BlockedLayout([BOXES], [32], [PART_WARPS_C], [0])
-            box_ids = gl.arange(0, BOXES, boxes)
-            box_toks = t0 + box_ids * BOX
-            box_rows = gl.load(bt_row + box_toks // BLOCK_SIZE) * BLOCK_SIZE + box_toks % BLOCK_SIZE
-        for j in gl.static_range(BOXES):
+        for j in gl.static_range(64 // BOX):
             box_tok = t0 + j * BOX  # the box's first token; its row in the cache's [tokens, 576] view
-            if TMA == 2 and BOXES > 1:
-                box_row = gl.max(gl.where(box_ids == j, box_rows, -1), 0)  # a max: the copies in each thread agree
-            else:
-                box_row = gl.load(bt_row + box_tok // BLOCK_SIZE) * BLOCK_SIZE + box_tok % BLOCK_SIZE
+            box_row = gl.load(bt_row + box_tok // BLOCK_SIZE) * BLOCK_SIZE + box_tok % BLOCK_SIZE
             tma.async_copy_global_to_shared(lat_desc, [box_row, HALF_IDX * HALF], ready,
                                             k_lat_s.index(BUF).slice(HALF_IDX * HALF, HALF, dim=1).slice(j * BOX, BOX))
             if BUF != HALF_IDX:
@@ -403,7 +391,7 @@ def _mla_decode_seesaw(
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
                       num_programs=None, partials=torch.bfloat16, stamps=None, tma_loads=TMA_LOADS,
-                      wide_store=WIDE_STORE, blocks_at_once=BLOCKS_AT_ONCE):
+                      wide_store=WIDE_STORE):
     """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials), launched with
     programmatic dependent launch where dispatch.launches_early says so. tma_loads: the cache's tiles copied by TMA
     where its blocks allow (tma_loads_fit), else by cp.async; wide_store: WIDE_STORE."""
@@ -417,7 +405,7 @@ def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
                              for cols in (q_latent.shape[-1] // 2, q_pe.shape[-1]))
     return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
                   min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps,
-                  TMA=(2 if blocks_at_once else 1) if tma_loads else 0, WIDE=wide_store, lat_desc=lat_desc, pe_desc=pe_desc,
+                  TMA=tma_loads, WIDE=wide_store, lat_desc=lat_desc, pe_desc=pe_desc,
                   **pdl_options(launches_early(q_latent.device)))
 
 
