@@ -13,11 +13,9 @@ copy, bytes read and written). "read": the cache's bytes read once, contiguous, 
 (benchmarks/at_size_h200.py's), timed the same way. Dense cells are GQA 28/4 at head_dim 128 (2 KiB a token) with as
 many cache bytes as the MLA cell beside them.
 
-Variants (MLA; the first is the one the others are compared with): "seesaw" the default (memcheck/kernels/mla.py
+Variants (MLA): "seesaw" the default (memcheck/kernels/mla.py
 on sm_90: memcheck/kernels/mla_seesaw.py), "seesaw-cp" its tiles by cp.async, "hopper" memcheck/kernels/mla_hopper.py,
-"triton" memcheck/kernels/mla.py's _mla_decode (16 and 32 heads only: its 16- and 32-head blocks run no padded rows),
-"attention-only" the default without its combine (a diagnostic: its output is not checked, the time is the attention
-kernel's and the gaps').
+"triton" memcheck/kernels/mla.py's _mla_decode (16 and 32 heads only: its 16- and 32-head blocks run no padded rows).
 """
 import argparse
 import json
@@ -33,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kernels_h200 as kg  # noqa: E402
 import mla_hopper_h200 as mh  # noqa: E402
 from at_size_h200 import read_call  # noqa: E402
-from memcheck.kernels import mla, mla_hopper  # noqa: E402
+from memcheck.kernels import mla  # noqa: E402
 
 STEP_BYTES = 640e6  # a timed graph holds layers of at least this many bytes together
 SEESAW = mh.SEESAW
@@ -42,7 +40,6 @@ VARIANTS = {
     "seesaw-cp": {**SEESAW, "tma_loads": False},
     "hopper": mh.HOPPER,
     "triton": None,  # mla.decode_config(heads) with hopper off
-    "attention-only": SEESAW,
 }
 # (heads, batch, context): 16 heads (V2-Lite; V2/V3 over 8 ranks), 32 (over 4), 64 (over 2)
 CELLS = [
@@ -103,17 +100,6 @@ def replay_ms(graph, flush, replays=23, warm=3):
     return statistics.median(times[warm:])
 
 
-class Attention:
-    """Without the combine: mla_hopper.launch's merge_partials skipped while the graph is captured."""
-
-    def __enter__(self):
-        self.saved = mla_hopper.merge_partials
-        mla_hopper.merge_partials = lambda *args, **kwargs: None
-
-    def __exit__(self, *exc):
-        mla_hopper.merge_partials = self.saved
-
-
 def build(c, names, gen):
     """(row, {name: graph}) for one cell: its checks against the float32 reference (layer 0) and its graphs."""
     layers = layers_of(c)
@@ -127,10 +113,6 @@ def build(c, names, gen):
             if not applies(name, c.q_heads):
                 continue
             cfg = config_of(name, c.q_heads)
-            if name == "attention-only":
-                with Attention():
-                    graphs[name] = graph_of(fns["with_config"](cfg))
-                continue
             out = fns["output_with"](cfg)
             row[f"{name}_rel_err"] = kg.rel_err(out, ref) if not out.isnan().any() else math.inf
             graphs[name] = graph_of(fns["with_config"](cfg))
@@ -150,8 +132,7 @@ def build(c, names, gen):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"))
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS),
-                        default=[n for n in VARIANTS if n != "attention-only"])
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--rounds", type=int, default=3, help="every variant timed this many times, alternately")
     parser.add_argument("--cells", nargs="*", type=mh.cell, help="MLA cells instead of CELLS, as 16h:b8x32K")
     parser.add_argument("--no-dense", action="store_true", help="leave the dense cells out")
@@ -172,7 +153,7 @@ def main():
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
 
-    checked = [n for n in args.variants if n not in ("attention-only", "triton")]
+    checked = [n for n in args.variants if n != "triton"]
     mh.VARIANTS.update({n: VARIANTS[n] for n in checked})  # mh.check runs its variants by name
     for spec in ([] if args.no_checks else CHECKS):
         row = mh.check(*spec, gen, checked)
