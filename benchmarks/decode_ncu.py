@@ -41,6 +41,11 @@ CASES = {  # name: (cell, config name or None)
     # long segments (248 tiles a program), where the seesaw's loads by halves lose to whole tiles (329 -> 354 us,
     # mla_hopper_h200_2026-12-04_*_ab2-*)
     "mla16-b32x32K": (Cell(MLA_DECODE, 32, 32768, 1, 16, 1, 512, 64), None),
+    # memory-bound layers of ~300 MB (benchmarks/mla_bandwidth_h200.py): MLA at 16 and 64 heads beside dense decode of
+    # the same cache bytes (GQA 28/4, 2 KiB a token)
+    "mla16-b8x32K": (Cell(MLA_DECODE, 8, 32768, 1, 16, 1, 512, 64), None),
+    "mla64-b44x6K": (Cell(MLA_DECODE, 44, 6144, 1, 64, 1, 512, 64), None),
+    "gqa28-b8x18K": (Cell(DECODE, 8, 18432, 1, 28, 4, 128), None),
 }
 
 

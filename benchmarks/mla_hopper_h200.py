@@ -49,6 +49,8 @@ def triton_config(heads):
 # own first-to-last spread; "seesaw-c2" / "-c4" (same run), a barrier a chunk of 128 / 64 columns of each tile half
 # with the scores begun chunk by chunk (FlashMLA's 9 barriers a buffer): 1.01-1.08x and 1.10-1.22x the time (a TMA
 # copy and partition barrier a chunk a 16-token block).
+# Dropped: a TMA tile half's block numbers loaded together before its first copy (75dec9a; mla_bandwidth_h200.py, 16-64
+# heads, 151 MB-1.2 GB): 0.99-1.02x the time, the copies' waits were never the block table's round trips.
 # "seesaw-tma" / "seesaw-cp": the seesaw's tiles copied by TMA / by cp.async (memcheck/kernels/mla_seesaw.py TMA_LOADS);
 # "seesaw-f32": float32 partials, stored from the accumulators' layout (bf16 outputs staged, WIDE_STORE);
 # "seesaw-narrow": the default before 2026-12-04's wide-bf16 runs, float32 partials and every store from the
