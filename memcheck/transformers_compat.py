@@ -121,3 +121,17 @@ def missing_model_types(model_types) -> list[str]:
     """Architectures among `model_types` this transformers does not implement (they came in a later release)."""
     known = known_model_types()
     return sorted(t for t in model_types if t not in known)
+
+
+def rotary(language):
+    """(inv_freq, attention_scaling) of a decoder stack's rotary embedding: on the model from 4.45 (Mistral and
+    Qwen2 from 4.46), on each attention module before; attention_scaling (yarn's mscale) came with the former."""
+    rope = getattr(language, "rotary_emb", None) or language.layers[0].self_attn.rotary_emb
+    return rope.inv_freq, getattr(rope, "attention_scaling", 1.0)
+
+
+def attention_scale(attention, head_dim: int) -> float:
+    """The softmax scale of an attention module: its `scaling` from 4.48 (DeepSeek's yarn mscale folded in),
+    head_dim ** -0.5 for the models that ran before it."""
+    scaling = getattr(attention, "scaling", None)
+    return float(scaling) if scaling is not None else head_dim ** -0.5

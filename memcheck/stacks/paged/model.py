@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ... import transformers_compat
 from .attention import Attention
 from .config import ModelSpec
 from .context import StepContext
@@ -98,8 +99,8 @@ class CausalLM(nn.Module):
     def from_hf(cls, hf_model, spec: ModelSpec) -> "CausalLM":
         """Take over the transformers model's parameters (same storage, no copy)."""
         language, prefix = _language_model(hf_model)
-        rope = language.rotary_emb
-        rotary = Rotary(rope.inv_freq, rope.attention_scaling, spec.rope_interleave)
+        inv_freq, attention_scaling = transformers_compat.rotary(language)
+        rotary = Rotary(inv_freq, attention_scaling, spec.rope_interleave)
         with torch.device("meta"):
             model = cls(spec, rotary)
         state = {}
@@ -110,7 +111,7 @@ class CausalLM(nn.Module):
                 state[name] = tensor
         model.load_state_dict(state, strict=True, assign=True)
         for layer, hf_layer in zip(model.model.layers, language.layers):
-            layer.self_attn.scale = float(hf_layer.self_attn.scaling)  # yarn mscale for DeepSeek
+            layer.self_attn.scale = transformers_compat.attention_scale(hf_layer.self_attn, spec.head_dim)
         return model.eval().requires_grad_(False)
 
 
