@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from .devices import is_cuda
-from .errors import StackUnavailable
+from .errors import SoftwareUnsupported
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -40,7 +40,7 @@ def _model_types(config: dict) -> set[str]:
 
 
 def hf_config(workload):
-    """The workload's transformers config. Raises StackUnavailable when this transformers lacks the architecture
+    """The workload's transformers config. Raises SoftwareUnsupported when this transformers lacks the architecture
     (a preset's model type arrived in a later release): the reason names the version."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: nothing here may reach a hub
     from transformers import AutoConfig
@@ -50,7 +50,7 @@ def hf_config(workload):
     config = compat.config_fields(dict(workload.model_config()))
     missing = compat.missing_model_types(_model_types(config))
     if missing:
-        raise StackUnavailable(f"transformers {compat.version()} does not implement {', '.join(missing)} "
+        raise SoftwareUnsupported(f"transformers {compat.version()} does not implement {', '.join(missing)} "
                                f"(model {workload.preset.name!r}; a later release does)")
     model_type = config.pop("model_type")
     return AutoConfig.for_model(model_type, **config)

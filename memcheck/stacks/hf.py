@@ -35,6 +35,9 @@ class HFStack(Stack):
         if workload.tensor_parallel > 1:
             raise StackUnavailable(f"the hf stack runs generate() on one device; tensor_parallel "
                                    f"{workload.tensor_parallel} runs through the paged (or vllm) stack")
+        from ..models import hf_config
+
+        hf_config(workload)  # SoftwareUnsupported where this transformers lacks the architecture
 
     @classmethod
     def check_attention(cls, attention: str, workload, device) -> None:
