@@ -7,10 +7,15 @@ import gc
 from memcheck.kernels import TRITON_MODULES
 
 from ...devices import is_cuda
-from ...errors import StackUnavailable
+from ...errors import SoftwareUnsupported, StackUnavailable
 from ..base import RunResult, Stack
 from ...transformers_compat import text_config
 from ..time_metrics import time_metrics
+
+
+# DeepSeek V2/V3's modules (fused experts, the latent projections) in the layout the engine loads from; 4.51-4.57's
+# state dicts miss keys it needs.
+MLA_WEIGHTS_SINCE = (5, 0)
 
 
 class PagedStack(Stack):
@@ -27,7 +32,8 @@ class PagedStack(Stack):
 
             from memcheck import kernels  # noqa: F401
         except ImportError as e:
-            raise StackUnavailable(f"the paged stack needs transformers and memcheck/kernels/ ({e})") from None
+            raise StackUnavailable(f"the paged stack needs transformers and memcheck.kernels ({e})") from None
+        from ... import transformers_compat as compat
         from ...models import hf_config
         from .config import ModelSpec
 
@@ -36,6 +42,10 @@ class PagedStack(Stack):
             spec = ModelSpec.from_hf(config)
         except ValueError as e:
             raise StackUnavailable(str(e)) from None
+        if spec.kv_lora_rank and compat.version_tuple() < MLA_WEIGHTS_SINCE:
+            raise SoftwareUnsupported(f"the paged stack takes DeepSeek V2/V3 weights in the module layout of "
+                                      f"transformers {'.'.join(map(str, MLA_WEIGHTS_SINCE))} and newer; "
+                                      f"transformers {compat.version()} lays them out otherwise")
         window = getattr(text_config(config), "sliding_window", None)
         longest = max(r.prompt_tokens + r.max_new_tokens for r in workload.requests)
         if window and getattr(text_config(config), "use_sliding_window", True) and window < longest:
