@@ -21,7 +21,9 @@ STACK = "python"
 
 
 def _name(nodeid: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", nodeid.split("::", 1)[-1]).strip("-") or "block"
+    """The item's name and baseline folder: the whole node id, file included, so that two tests of one name in
+    two files never share a baseline (tests-a-test_x.py-test_decode_step)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", nodeid).strip("-") or "block"
 
 
 class CodeBlockMeter:
@@ -60,7 +62,7 @@ class CodeBlockMeter:
         digest = hashlib.sha256(self.request.node.nodeid.encode()).hexdigest()[:16]
         m = Measurement(self._name, STACK, str(self.request.node.path), scaled=False, digest=digest)
         m.metrics, m.timeline = metrics, self.collectors.timeline
-        m.environment = environment.of_item(self.device, None, digest)
+        m.environment = {**environment.of_item(self.device, None, digest), "test": self.request.node.nodeid}
         self.measurement = m
         if exc_type is None:
             self._judge()

@@ -160,7 +160,7 @@ def _parse_increase(raw, unit: str) -> dict:
         key = "relative" if units.is_percent(part) else "absolute"
         if key in out:
             raise ValueError(f"{raw!r}: give one relative and one absolute part ('2% and 64MiB')")
-        out[key] = units.parse_percent(part) if key == "relative" else _parse_amount(part, unit)
+        out[key] = units.parse_percent(part) if key == "relative" else _parse_amount(part, unit, percent_too=True)
         if out[key] < 0:
             raise ValueError(f"{raw!r}: a threshold cannot be negative")
     return out
@@ -172,9 +172,13 @@ def _parse_band(raw) -> float:
     return float(raw)
 
 
-def _parse_amount(raw, unit: str) -> float:
+def _parse_amount(raw, unit: str, percent_too: bool = False) -> float:
     if isinstance(raw, bool):
         raise ValueError(f"{raw!r} is not a number or a size")
+    if unit == "bytes" and _is_number(raw):  # `max_increase: 25` meant 25% as often as 25 bytes: say which
+        number = str(raw).strip()
+        either = f"{number}% or " if percent_too else ""
+        raise ValueError(f"{number} on a bytes metric needs its unit: write {either}{number}B (KiB, MiB, GiB)")
     if isinstance(raw, (int, float)):
         return float(raw)
     if unit == "bytes" and units.is_size(raw):
@@ -187,6 +191,14 @@ def _parse_amount(raw, unit: str) -> float:
         pass
     kind = {"bytes": "a percentage (2%) or a size (64MiB)", "ratio": "a percentage (2%) or a number"}
     raise ValueError(f"{raw!r} is not {kind.get(unit, 'a percentage (2%) or a number')}")
+
+
+def _is_number(raw) -> bool:
+    try:
+        float(raw)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 def evaluate(rule: Rule, now: MetricValue, base: MetricValue | None) -> Check:

@@ -324,6 +324,6 @@ def judge_item(m: Measurement, rule_set: dict, settings: Settings, store: Baseli
         result.updated = changes
     elif result.verdict == Verdict.NEW and settings.strict:
         result.strict = True
-        result.reason += "; --memcheck-strict fails it: record one with --memcheck-update-baselines"
+        result.reason += "; --memcheck-strict fails it"
     m.phases["report"] = round(time.perf_counter() - t0, 3)  # baseline lookup, rules, verdict, baseline write
     return result

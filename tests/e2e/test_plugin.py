@@ -70,12 +70,39 @@ def test_fixture_and_marker_measure_python_blocks(project):
             torch.ones(int(__import__("os").environ.get("BLOCK_MIB", "1")) * 2**18)
     """))
     assert run(project, "--memcheck", "test_blocks.py", "--memcheck-update-baselines").ret == 0
-    assert (project.path / "baselines/cpu-x86_64/test_marked/python.json").is_file()
+    assert (project.path / "baselines/cpu-x86_64/test_blocks.py-test_marked/python.json").is_file()
     assert run(project, "--memcheck", "test_blocks.py").ret == 0
     project._monkeypatch.setenv("BLOCK_MIB", "2")
     result = run(project, "--memcheck", "test_blocks.py")
     assert result.ret == 1
-    result.stdout.fnmatch_lines(["*test_marked[[]python[]]: regressed: cpu.heap_alloc.peak regressed*"])
+    result.stdout.fnmatch_lines(["*test_blocks.py-test_marked[[]python[]]: regressed: cpu.heap_alloc.peak regressed*"])
+
+
+def test_two_tests_of_one_name_in_two_files_have_a_baseline_each(project):
+    """tests/a/test_x.py::test_step and tests/b/test_y.py::test_step: two items, two baselines, both gated; a block
+    named alike on purpose (memcheck(name=...)) whose baseline another test recorded is an error naming both."""
+    for folder, size in (("a", 1), ("b", 2)):
+        (project.path / folder).mkdir()
+        (project.path / folder / f"test_{folder}.py").write_text(dedent(f"""
+            import os, torch
+
+            def test_step(memcheck):
+                with memcheck(name=os.environ.get("BLOCK_NAME")):
+                    torch.ones({size} * 2**18)
+        """))
+    assert run(project, "--memcheck", "a", "b", "--memcheck-update-baselines").ret == 0
+    for name in ("a-test_a.py-test_step", "b-test_b.py-test_step"):
+        assert (project.path / "baselines/cpu-x86_64" / name / "python.json").is_file()
+    result = run(project, "--memcheck", "a", "b", "--memcheck-report", "r.json")
+    assert result.ret == 0
+    assert [i["verdict"] for i in json.loads((project.path / "r.json").read_text())["items"]] == ["pass", "pass"]
+
+    project._monkeypatch.setenv("BLOCK_NAME", "step")  # both blocks named alike: one baseline, two owners
+    assert run(project, "--memcheck", "a", "--memcheck-update-baselines").ret == 0
+    result = run(project, "--memcheck", "b")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*step[[]python[]]: error: the baseline * belongs to the test a/test_a.py::test_step, "
+                                 "not b/test_b.py::test_step*"])
 
 
 def test_rounds_are_forked_and_durations_show_where_the_time_went(project):
