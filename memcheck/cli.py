@@ -22,13 +22,22 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", metavar="EXPR", dest="keyword", help="only items matching, as pytest -k")
     p.add_argument("--report", metavar="FILE.json", help="write the JSON report")
     p.add_argument("--markdown", metavar="FILE.md", help="write the Markdown report")
+    p.add_argument("--html", metavar="FILE.html", help="write the HTML report (memory-over-time plots)")
+    p.add_argument("--junitxml", metavar="FILE.xml", help="write JUnit XML (verdicts as properties)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="pytest's header, progress and warnings too (default: the verdicts and errors only)")
+
+
+# Quiet by default: a reviewer reads the verdict table and the errors, not pytest's header or its warnings.
+QUIET = ["-q", "--no-header", "-p", "no:warnings"]
 
 
 def _forward(ns) -> list[str]:
-    args = ["--memcheck", *ns.paths]
+    args = ["--memcheck", *ns.paths, *([] if ns.verbose else QUIET)]
     for flag, value in (("--memcheck-baselines", ns.baselines), ("--memcheck-profile", ns.profile),
                         ("--memcheck-device", ns.device), ("-k", ns.keyword),
-                        ("--memcheck-report", ns.report), ("--memcheck-markdown", ns.markdown)):
+                        ("--memcheck-report", ns.report), ("--memcheck-markdown", ns.markdown),
+                        ("--memcheck-html", ns.html), ("--junitxml", ns.junitxml)):
         if value:
             args += [flag, value]
     return args

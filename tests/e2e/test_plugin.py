@@ -130,3 +130,13 @@ def test_n_measures_items_in_parallel_and_marks_their_times_as_contended(project
     for item in items.values():
         assert "under contention" in item["metrics"]["time.wall"]["detail"]
         assert "under contention" not in item["metrics"]["host.rss.peak"].get("detail", "")
+
+
+def test_console_script_is_quiet_and_writes_every_report(project):
+    result = project.run(MEMCHECK, "run", "--html", "r.html", "--junitxml", "j.xml", "--markdown", "r.md")
+    assert result.ret == 0
+    out = result.stdout.str()
+    assert "test session starts" not in out and "warnings summary" not in out, out
+    result.stdout.fnmatch_lines(["*tiny[[]toy[]]*new*", "memcheck: 1 new"])
+    assert all((project.path / name).is_file() for name in ("r.html", "j.xml", "r.md"))
+    assert "test session starts" in project.run(MEMCHECK, "run", "-v").stdout.str()
