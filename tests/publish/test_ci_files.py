@@ -110,12 +110,14 @@ def test_ci_files_use_only_real_options():
 
 
 def test_ci_runs_the_readmes_two_commands():
-    """.ci/run is what the README says CI runs: its set-up, then the README's test command, word for word."""
+    """.ci/run is what the README says CI runs: its set-up, then the README's test command, word for word, then
+    the compatibility canary the README describes."""
     block = (ROOT / "README.md").read_text().split("## Two commands", 1)[1].split("```bash\n", 1)[1].split("```")[0]
     setup, test = [line.split("#")[0].strip() for line in block.strip().splitlines()]
     commands = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
                 if line.strip() and not line.startswith(("#", "set ", "cd "))]
-    assert commands == [setup.split(" && ")[0], test]
+    assert commands == [setup.split(" && ")[0], test, "scripts/canary"]
+    assert "`scripts/canary`" in (ROOT / "README.md").read_text()
     assert test.startswith(".venv/bin/pytest --memcheck") and test.endswith(" tests suites")
 
 
