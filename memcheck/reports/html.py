@@ -14,7 +14,7 @@ from ..floors import describe as describe_floors
 from ..metrics.catalog import METRICS
 from . import plot
 from .report import ORDER
-from .markdown import ICONS, MEMORY_VIZ, _value, safe_url
+from .markdown import ICONS, MEMORY_VIZ, _value, safe_url, split_checks
 from .ranks import rank_columns
 from .terminal import COLUMNS
 
@@ -25,7 +25,7 @@ def environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)
     env.filters.update(wbr=_wbr, value=_value, bytes=units.format_bytes, percent=units.format_percent)
     env.globals.update(describe_floors=describe_floors, ICONS=ICONS, COLUMNS=COLUMNS, MEMORY_VIZ=MEMORY_VIZ, METRICS=METRICS,
-                       rank_columns=rank_columns)
+                       rank_columns=rank_columns, split_checks=split_checks)
     return env
 
 

@@ -62,7 +62,7 @@ def panels(items) -> list[Panel]:
             for key, label, dashed in keys:
                 pts = [(float(p["step"]), float(p[key])) for p in r.measurement.timeline
                        if isinstance(p.get(key), (int, float)) and isinstance(p.get("step"), (int, float))]
-                if pts:
+                if len(pts) > 1:  # one sample is no curve (a fixture block's single step): the table says it
                     twin = next((o for o in series if o.stack == r.measurement.stack and o.points == pts), None)
                     if twin:  # drawn exactly under the other line: say so, or it looks missing
                         label = f"{label} (= {twin.label})"

@@ -71,4 +71,23 @@ def test_hostile_names_render_as_text():
 def test_item_without_timeline_says_so():
     page = html.render(f.gpu_report())
     section = page[page.index('id="deepseek-v2-lite-32k"'):]
-    assert "No memory-over-time samples" in section
+    assert "No memory-over-time chart" in section
+
+
+def test_metrics_a_cpu_runner_cannot_measure_are_one_line_not_rows():
+    page = html.render(f.cpu_report())
+    section = page[page.index('id="tiny-dense-batch"'):]
+    assert "Not measured here (no CUDA device on this runner): <code>gpu." in section
+    rows = re.findall(r'<td class="metric"><code>([^<]+)</code>', section)
+    assert rows and not [m for m in rows if m.startswith("gpu.")], rows
+    assert re.search(r"\d+ metric checks, \d+ not measured here</summary>", section)
+
+
+def test_a_timeline_of_one_sample_draws_no_chart():
+    """A fixture block samples once: one point is no curve, so its workload says it has no samples."""
+    report = f.cpu_report()
+    for item in report.items:
+        item.measurement.timeline = item.measurement.timeline[:1]
+    page = html.render(report)
+    section = page[page.index('id="tiny-dense-batch"'):]
+    assert "<svg" not in section and "No memory-over-time chart" in section
