@@ -196,11 +196,22 @@ def main(argv=None) -> int:
     _add_report_commands(sub)
     _add_compare_command(sub)
     sub.add_parser("schema", help="print the JSON Schema of workload files (for editors and check-jsonschema)")
+    check = sub.add_parser("check", help="load every workload file as pytest would, under each profile it names, "
+                                         "and list the errors (file:line: field: message); runs nothing")
+    check.add_argument("paths", nargs="*", help="workload files or folders (default: the project's suites)")
     ns = parser.parse_args(argv)
     if ns.command == "compare":
         return _run_compare(ns)
     if ns.command in ("comment", "merge", "export"):
         return _run_report_command(ns)
+    if ns.command == "check":
+        from .check import check
+
+        errors, loaded = check(ns.paths)
+        for line in errors:
+            print(line, file=sys.stderr)
+        print(f"memcheck check: {loaded} workloads, {len(errors)} error{'s' * (len(errors) != 1)}")
+        return 1 if errors else 0
     if ns.command == "schema":
         from .workload import schema_text
 
