@@ -154,7 +154,11 @@ def _worker_command(workload, stack: str, s: Settings, out: str, memory_round: b
 
 
 def _measure_in_worker(workload, stack: str, s: Settings, memory_round: bool = False) -> Measurement:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_source_root(), os.environ.get("PYTHONPATH")]))}
+    # PYTHONSAFEPATH (3.11+): `python -m` leaves the working directory off sys.path, so a repository's own top-level
+    # packages (a `kernels/` of its own shadows the Hugging Face `kernels` transformers 5.25 imports) never reach
+    # the stack; what is installed and PYTHONPATH still do.
+    env = {**os.environ, "PYTHONSAFEPATH": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [_source_root(), os.environ.get("PYTHONPATH")]))}
     command = lambda out: _worker_command(workload, stack, s, out, memory_round)  # noqa: E731
     if workload.tensor_parallel > 1 and rank_workers.runs_ranks(stack):  # one worker per rank
         return rank_workers.measure_ranks(workload, stack, command,
