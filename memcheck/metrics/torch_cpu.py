@@ -9,6 +9,10 @@ the same peak to the byte. Started before the model is built, so the peak includ
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 from .value import MetricValue
 
 DETAIL = "torch allocator memory events (profiler, memory events only)"
@@ -43,16 +47,35 @@ def peak_of(events) -> int:
     return max(fields.total_allocated for _, fields in allocations) - start
 
 
+@contextlib.contextmanager
+def _kineto_quiet():
+    """Kineto writes `USDT: ... profiler_start` / `profiler_stop` to file descriptor 2 from C++ at each start and stop:
+    in a fixture's process that lands in the failing test's captured stderr, beside the regression. Errors still
+    raise as Python exceptions."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 class CpuTensorCollector:
     def start(self) -> None:
         from torch._C._autograd import _enable_profiler, _prepare_profiler
 
         config, activities, scopes = _memory_only_config()
-        _prepare_profiler(config, activities)
-        _enable_profiler(config, activities, scopes)
+        with _kineto_quiet():
+            _prepare_profiler(config, activities)
+            _enable_profiler(config, activities, scopes)
 
     def stop(self) -> dict[str, MetricValue]:
         from torch._C._autograd import _disable_profiler
 
-        results = _disable_profiler()
+        with _kineto_quiet():
+            results = _disable_profiler()
         return {"cpu.heap_alloc.peak": MetricValue(peak_of(results.experimental_event_tree()), detail=DETAIL)}

@@ -111,3 +111,15 @@ def test_the_peak_counts_the_memory_the_process_owns_not_the_files_it_maps(tmp_p
     out = subprocess.run([sys.executable, "-c", FILE_AND_HEAP, str(data)], capture_output=True, text=True,
                          check=True).stdout
     assert 100 * 2**20 <= int(out) < 200 * 2**20, f"peak {int(out) / 2**20:.0f} MiB"
+
+
+def test_the_cpu_tensor_collector_writes_nothing_to_stderr(capfd):
+    """Kineto's `USDT: ... profiler_start` lines would land in a failing fixture test's captured stderr."""
+    from memcheck.metrics.torch_cpu import CpuTensorCollector
+
+    collector = CpuTensorCollector()
+    collector.start()
+    x = torch.ones(1024)
+    assert collector.stop()["cpu.heap_alloc.peak"].value >= 4096
+    del x
+    assert "USDT" not in capfd.readouterr().err
