@@ -5,6 +5,7 @@ names it; it is never silently replaced.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -53,11 +54,12 @@ class BaselineStore:
         if data.get("workload") != workload or data.get("stack") != stack:
             raise UsageError(f"baseline of {data.get('workload')}[{data.get('stack')}] stored under "
                              f"{workload}[{stack}]'s name", str(path))
-        try:
-            metrics = {k: MetricValue.from_json(v) for k, v in data["metrics"].items()}
-            return Baseline(path, metrics, data["environment"], data.get("recorded", ""), data.get("rounds", 1))
-        except (KeyError, TypeError, AttributeError) as e:
-            raise UsageError(f"malformed baseline (missing or bad field {e})", str(path)) from None
+        problem = shape_problem(data)
+        if problem:
+            raise UsageError(f"malformed baseline: {problem}; fix or delete it, it is never replaced silently",
+                             str(path))
+        metrics = {k: MetricValue.from_json(v) for k, v in data["metrics"].items()}
+        return Baseline(path, metrics, data["environment"], data.get("recorded", ""), data.get("rounds", 1))
 
     def write(self, m: Measurement) -> tuple[Path, list[str]]:
         """Write m as the baseline of its item; returns the path and the changes applied, one line each."""
@@ -74,6 +76,41 @@ class BaselineStore:
         }
         _atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
         return path, _changes(old, m)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def shape_problem(data: dict) -> str | None:
+    """What is of the wrong type in a baseline, at any depth the judging reads ('metrics.kv.bytes.peak.value: "lots"
+    is not a number'), or None: a number where a number belongs, a mapping where a mapping belongs."""
+    if not isinstance(data.get("metrics"), dict):
+        return "metrics: missing or not a mapping"
+    if not isinstance(data.get("environment"), dict):
+        return "environment: missing or not a mapping"
+    for key, value in data["environment"].items():
+        if not (value is None or isinstance(value, (str, int, float, bool))):
+            return f"environment.{key}: {json.dumps(value)[:60]} is not a version or a name"
+    if "rounds" in data and not (isinstance(data["rounds"], int) and not isinstance(data["rounds"], bool)):
+        return f"rounds: {json.dumps(data['rounds'])[:60]} is not a count"
+    if not isinstance(data.get("recorded", ""), str):
+        return "recorded: not a date"
+    for name, metric in data["metrics"].items():
+        where = f"metrics.{name}"
+        if not isinstance(metric, dict):
+            return f"{where}: not a mapping"
+        if metric.get("value") is not None and not _number(metric["value"]):
+            return f"{where}.value: {json.dumps(metric['value'])[:60]} is not a number"
+        for text in ("reason", "detail"):
+            if metric.get(text) is not None and not isinstance(metric[text], str):
+                return f"{where}.{text}: not text"
+        samples = metric.get("samples", [])
+        if not isinstance(samples, list) or not all(_number(v) for v in samples):
+            return f"{where}.samples: not a list of numbers"
+        if not (isinstance(metric.get("revision", 1), int) and not isinstance(metric.get("revision", 1), bool)):
+            return f"{where}.revision: not a whole number"
+    return None
 
 
 def _stamped(name: str, value: MetricValue) -> dict:
@@ -97,7 +134,8 @@ def _atomic_write(path: Path, text: str) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(OSError):  # the write's own error is the one to report
+            os.unlink(tmp)
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -104,14 +106,18 @@ class MemcheckSession:
             workeroutput["memcheck_report"] = json.dumps(self.report.to_json())
             return
         opt = self.config.getoption
-        if opt("memcheck_report"):
-            self.report.write_json(opt("memcheck_report"))
         from .reports import exports
 
-        exports.write(self.report, markdown=opt("memcheck_markdown"), html=opt("memcheck_html"),
-                      openmetrics_path=opt("memcheck_openmetrics"), benchmark=opt("memcheck_benchmark_json"),
-                      bencher_path=opt("memcheck_bencher"),
-                      step_summary=not opt("memcheck_no_step_summary"))
+        writers = {"memcheck_report": self.report.write_json,
+                   "memcheck_markdown": lambda p: exports.write(self.report, markdown=p),
+                   "memcheck_html": lambda p: exports.write(self.report, html=p),
+                   "memcheck_openmetrics": lambda p: exports.write(self.report, openmetrics_path=p),
+                   "memcheck_benchmark_json": lambda p: exports.write(self.report, benchmark=p),
+                   "memcheck_bencher": lambda p: exports.write(self.report, bencher_path=p)}
+        for option, write in writers.items():
+            if opt(option):
+                _write_or_fall_back(write, opt(option))
+        exports.write(self.report, step_summary=not opt("memcheck_no_step_summary"))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):
@@ -223,3 +229,14 @@ class MemcheckFailure(Exception):
     def __init__(self, result):
         super().__init__(result.reason)
         self.result = result
+
+
+def _write_or_fall_back(write, path: str) -> None:
+    """A report that cannot be written where asked (permissions, a full disk) is written to the temporary folder,
+    and one line says where: the run's results are never lost silently."""
+    try:
+        write(path)
+    except OSError as e:
+        fallback = os.path.join(tempfile.gettempdir(), f"memcheck-{os.path.basename(path) or 'report'}")
+        write(fallback)
+        print(f"memcheck: cannot write {path} ({e.strerror or e}); written to {fallback} instead", file=sys.stderr)

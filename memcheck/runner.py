@@ -323,9 +323,16 @@ def judge_item(m: Measurement, rule_set: dict, settings: Settings, store: Baseli
             baseline_error = str(e)
     result = judge(m, rule_set, baseline, baseline_error, settings.strict_environment)
     if settings.update_baselines and result.verdict not in (Verdict.ERROR, Verdict.SKIPPED):
-        path, changes = store.write(m)
-        result.baseline_path = str(path)
-        result.updated = changes
+        try:
+            path, changes = store.write(m)
+            result.baseline_path = str(path)
+            result.updated = changes
+        except UsageError as e:  # the stored baseline cannot be read: it is never replaced silently
+            result.verdict, result.reason = Verdict.ERROR, str(e)
+        except OSError as e:  # permissions, a read-only file system, a full disk: this item's, not the run's
+            where = store.path(device_class, m.workload, m.stack)
+            result.verdict = Verdict.ERROR
+            result.reason = f"cannot write the baseline {where}: {e.strerror or e}"
     elif result.verdict == Verdict.NEW and settings.strict:
         result.strict = True
         result.reason += "; --memcheck-strict fails it"

@@ -95,10 +95,15 @@ class Report:
     def write_json(self, path: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(self.to_json(), f, indent=1)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
 
 _MEASUREMENT_FIELDS = ("workload", "stack", "file", "profile", "scaled", "digest", "metrics", "floors", "environment",

@@ -3,7 +3,11 @@
 triton.jit reads TRITON_INTERPRET when a kernel is defined, so it is set before the kernel modules
 are imported (or they are reloaded if something imported them first). It is then put back as it
 was, so tests outside this folder keep the torch reference on CPU tensors; tests here get it
-again through an autouse fixture (kernels' public entry points read it at call time)."""
+again through an autouse fixture (kernels' public entry points read it at call time).
+
+Triton's own library (tl.cdiv...) is interpreted only if triton is first imported here: nothing collected before
+this folder may import it. tests/releases, whose config.json workloads import transformers' config classes (and
+through torch._dynamo, triton), is named to be collected after it."""
 import importlib
 import os
 import sys

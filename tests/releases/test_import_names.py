@@ -63,6 +63,6 @@ def test_hugging_faces_kernels_and_ours_in_one_process_from_the_repository_root(
 def test_pytest_from_the_repository_root_loads_the_plugin():
     """`python -m pytest` in a clone: the checkout's memcheck is the plugin, whatever else is installed."""
     proc = subprocess.run([sys.executable, "-m", "pytest", "--memcheck", "--collect-only", "-q",
-                           "tests/compat/canary.yaml"], cwd=ROOT, capture_output=True, text=True)
+                           "tests/releases/canary.yaml"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "canary-llama[hf]" in proc.stdout
