@@ -87,7 +87,8 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
                                                                                          max_size=3), max_leaves=12)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(metrics=json_values, environment=json_values, rounds=json_values, cut=st.integers(0, 400))
 def test_random_shapes_and_truncations_are_an_error_or_a_baseline_never_a_traceback(tmp_path, metrics, environment,
                                                                                     rounds, cut):
@@ -100,3 +101,26 @@ def test_random_shapes_and_truncations_are_an_error_or_a_baseline_never_a_traceb
             continue
         for value in baseline.metrics.values():  # what judging reads: numbers or nothing
             assert value.value is None or isinstance(value.value, (int, float))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(verdict=st.sampled_from(["pass", "regressed", "error", "improved", "new", "incomparable", "skipped"]),
+       extra=st.dictionaries(st.sampled_from(["metrics", "environment", "checks", "floors", "ranks", "notes", "baseline",
+                                              "rules", "timeline", "error", "compared_across", "reason"]),
+                             json_values, max_size=6),
+       cut=st.integers(0, 300))
+def test_random_report_items_are_an_error_or_a_report_that_renders(verdict, extra, cut):
+    """The JSON report and `memcheck merge` read reports of other jobs: a wrong shape is one UsageError naming the
+    file, never a traceback from rendering it later."""
+    from memcheck.reports.markdown import render
+    from memcheck.reports.report import SCHEMA as REPORT_SCHEMA
+    from memcheck.reports.report import Report
+
+    item = {"verdict": verdict, "workload": "w", "stack": "hf", **extra}
+    data = {"schema": REPORT_SCHEMA, "created": "2026-12-01T00:00:00+00:00", "items": [item]}
+    for candidate in (data, json.dumps(data)[:cut]):
+        try:
+            report = Report.from_json(candidate if isinstance(candidate, dict) else json.loads(candidate), "r.json")
+        except (UsageError, json.JSONDecodeError):
+            continue
+        render(report)
