@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .errors import StackUnavailable
 from .metrics.value import MetricValue
 from .states import ItemError
 
@@ -49,10 +50,10 @@ class Measurement:
     def id(self) -> str:
         return f"{self.workload}[{self.stack}]"
 
-    def skip(self, why: Exception) -> None:
+    def skip(self, why: StackUnavailable) -> None:
         """Skipped for a StackUnavailable (or SoftwareUnsupported) reason."""
         self.skipped = str(why)
-        self.software_changed = bool(getattr(why, "software_changed", False))
+        self.software_changed = why.software_changed
 
     def to_json(self) -> dict:
         return {

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from .devices import is_cuda
+from . import transformers_compat as compat
 from .errors import SoftwareUnsupported
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -45,13 +46,11 @@ def hf_config(workload):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: nothing here may reach a hub
     from transformers import AutoConfig
 
-    from . import transformers_compat as compat
-
     config = compat.config_fields(dict(workload.model_config()))
     missing = compat.missing_model_types(_model_types(config))
     if missing:
         raise SoftwareUnsupported(f"transformers {compat.version()} does not implement {', '.join(missing)} "
-                               f"(model {workload.preset.name!r}; a later release does)")
+                                  f"(model {workload.preset.name!r}; a later release does)")
     model_type = config.pop("model_type")
     return AutoConfig.for_model(model_type, **config)
 
@@ -75,8 +74,6 @@ def build_hf_model(workload, device, attn_implementation: str | dict | None = No
 
     import torch
 
-    from .transformers_compat import dtype_kwargs
-
     config = hf_config(workload)
     pinned = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     if pinned:
@@ -88,7 +85,7 @@ def build_hf_model(workload, device, attn_implementation: str | dict | None = No
         torch.cuda.manual_seed_all(workload.seed)
     # Built directly on the device: a 7B model initialised on the CPU first would take minutes.
     with torch.device(device), (weights.recording() if weights is not None else contextlib.nullcontext()):
-        model = factory.from_config(config, **dtype_kwargs(dtype), **pinned)
+        model = factory.from_config(config, **compat.dtype_kwargs(dtype), **pinned)
     return model.eval()
 
 

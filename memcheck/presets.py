@@ -179,12 +179,10 @@ def from_config(data, name: str) -> Preset:
     model_type = data.get("model_type")
     if not isinstance(model_type, str):
         raise ValueError("has no model_type (the architecture's name in transformers, e.g. llama)")
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from . import transformers_compat as compat
 
-    if model_type not in CONFIG_MAPPING_NAMES:
-        from .transformers_compat import version
-
-        raise ValueError(f"model_type {model_type!r} is not an architecture transformers {version()} knows "
+    if compat.missing_model_types([model_type]):
+        raise ValueError(f"model_type {model_type!r} is not an architecture transformers {compat.version()} knows "
                          "(a newer release may; models with remote code are not run)")
     if "quantization_config" in data:
         raise ValueError("quantization_config: quantized checkpoints are not supported (weights are random)")

@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-KERNEL_MODULES = ("memcheck.kernels.dot", "memcheck.kernels.work_split", "memcheck.kernels.cache_write", "memcheck.kernels.decode", "memcheck.kernels.prefill",
-                  "memcheck.kernels.mla", "memcheck.kernels.mla_mha", "memcheck.kernels.router", "memcheck.kernels.moe", "memcheck.kernels.norm", "memcheck.kernels.rotary",
-                  "memcheck.kernels.activation", "memcheck.kernels.skinny_gemm")
+KERNEL_MODULES = tuple(f"memcheck.kernels.{name}" for name in (
+    "dot", "work_split", "cache_write", "decode", "prefill", "mla", "mla_mha", "router", "moe", "norm", "rotary",
+    "activation", "skinny_gemm"))
 
 _before = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
@@ -26,6 +26,11 @@ except ImportError:  # the kernel tests skip
     HAVE_TRITON = False
 else:
     HAVE_TRITON = True
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(triton.language.cdiv, InterpretedFunction):  # say why, not 200 kernel failures
+        raise RuntimeError("tests/kernels: triton was imported before this conftest set TRITON_INTERPRET (by a module "
+                           "collected earlier), so its own tl.cdiv is compiled-mode and no kernel can be interpreted")
     for name in KERNEL_MODULES:
         if name in sys.modules:
             importlib.reload(sys.modules[name])

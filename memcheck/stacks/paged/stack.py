@@ -9,7 +9,7 @@ from memcheck.kernels import TRITON_MODULES
 from ...devices import is_cuda
 from ...errors import SoftwareUnsupported, StackUnavailable
 from ..base import RunResult, Stack
-from ...transformers_compat import text_config
+from ... import transformers_compat as compat
 from ..time_metrics import time_metrics
 
 
@@ -33,7 +33,6 @@ class PagedStack(Stack):
             from memcheck import kernels  # noqa: F401
         except ImportError as e:
             raise StackUnavailable(f"the paged stack needs transformers and memcheck.kernels ({e})") from None
-        from ... import transformers_compat as compat
         from ...models import hf_config
         from .config import ModelSpec
 
@@ -46,9 +45,9 @@ class PagedStack(Stack):
             raise SoftwareUnsupported(f"the paged stack takes DeepSeek V2/V3 weights in the module layout of "
                                       f"transformers {'.'.join(map(str, MLA_WEIGHTS_SINCE))} and newer; "
                                       f"transformers {compat.version()} lays them out otherwise")
-        window = getattr(text_config(config), "sliding_window", None)
+        window = getattr(compat.text_config(config), "sliding_window", None)
         longest = max(r.prompt_tokens + r.max_new_tokens for r in workload.requests)
-        if window and getattr(text_config(config), "use_sliding_window", True) and window < longest:
+        if window and getattr(compat.text_config(config), "use_sliding_window", True) and window < longest:
             raise StackUnavailable(f"the paged stack does not implement sliding-window attention "
                                    f"(sliding_window {window} < {longest} tokens of the longest request)")
         if workload.tensor_parallel > 1:  # one process per rank (memcheck.rank_workers), dense decoders
