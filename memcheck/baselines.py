@@ -31,6 +31,10 @@ class Baseline:
     rounds: int = 1
 
 
+# What a user can do about a baseline that cannot be read; a gate never overwrites it.
+MENDING = "fix or delete it, or refresh the baselines to replace it"
+
+
 class BaselineStore:
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -47,7 +51,7 @@ class BaselineStore:
         try:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise UsageError(f"corrupt baseline ({e}); fix or delete it, it is never replaced silently",
+            raise UsageError(f"corrupt baseline ({e}); {MENDING}",
                              str(path)) from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise UsageError(f"not a memcheck baseline (schema is not {SCHEMA!r})", str(path))
@@ -56,16 +60,17 @@ class BaselineStore:
                              f"{workload}[{stack}]'s name", str(path))
         problem = shape_problem(data)
         if problem:
-            raise UsageError(f"malformed baseline: {problem}; fix or delete it, it is never replaced silently",
+            raise UsageError(f"malformed baseline: {problem}; {MENDING}",
                              str(path))
         metrics = {k: MetricValue.from_json(v) for k, v in data["metrics"].items()}
         return Baseline(path, metrics, data["environment"], data.get("recorded", ""), data.get("rounds", 1))
 
-    def write(self, m: Measurement) -> tuple[Path, list[str]]:
-        """Write m as the baseline of its item; returns the path and the changes applied, one line each."""
+    def write(self, m: Measurement, replace_unreadable: bool = False) -> tuple[Path, list[str]]:
+        """Write m as the baseline of its item; returns the path and the changes applied, one line each. An
+        unreadable baseline raises UsageError unless replace_unreadable (the caller has said so to the user)."""
         device_class = m.environment["device_class"]
         path = self.path(device_class, m.workload, m.stack)
-        old = self.load(device_class, m.workload, m.stack)  # raises on a corrupt file: never overwrite it
+        old = None if replace_unreadable else self.load(device_class, m.workload, m.stack)
         data = {
             "schema": SCHEMA, "workload": m.workload, "stack": m.stack, "profile": m.profile,
             "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

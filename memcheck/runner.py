@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from . import environment, forkserver, rank_workers, stacks
-from .baselines import BaselineStore
+from .baselines import MENDING, BaselineStore
 from .errors import StackUnavailable, UsageError
 from .measurement import Measurement
 from .metrics.collect import SWITCHED_OFF
@@ -314,21 +314,24 @@ def judge_item(m: Measurement, rule_set: dict, settings: Settings, store: Baseli
     `memcheck` fixture both come here."""
     store = store or BaselineStore(settings.baselines)
     t0 = time.perf_counter()
-    baseline, baseline_error = None, None
+    baseline, baseline_error, unreadable = None, None, None
     device_class = m.environment.get("device_class")
     if device_class and not (m.error or (m.skipped and not m.software_changed)):
         try:
             baseline = store.load(device_class, m.workload, m.stack)
         except UsageError as e:
-            baseline_error = str(e)
-    result = judge(m, rule_set, baseline, baseline_error, settings.strict_environment)
+            baseline_error, unreadable = str(e), e.message.removesuffix("; " + MENDING)
+    # A refresh replaces a baseline it cannot read, and the item says so; a gate leaves it for the user.
+    replacing = unreadable if settings.update_baselines and not m.error else None
+    result = judge(m, rule_set, baseline, None if replacing else baseline_error, settings.strict_environment)
     if settings.update_baselines and result.verdict not in (Verdict.ERROR, Verdict.SKIPPED):
         try:
-            path, changes = store.write(m)
+            path, changes = store.write(m, replace_unreadable=bool(replacing))
             result.baseline_path = str(path)
             result.updated = changes
-        except UsageError as e:  # the stored baseline cannot be read: it is never replaced silently
-            result.verdict, result.reason = Verdict.ERROR, str(e)
+            if replacing:
+                result.reason = f"replaced an unreadable baseline: {replacing}"
+                result.updated = [result.reason]
         except OSError as e:  # permissions, a read-only file system, a full disk: this item's, not the run's
             where = store.path(device_class, m.workload, m.stack)
             result.verdict = Verdict.ERROR

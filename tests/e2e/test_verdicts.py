@@ -79,11 +79,15 @@ def test_strict_fails_new_items(project):
     result.stdout.fnmatch_lines(["*--memcheck-strict fails it*"])
 
 
-def test_corrupt_baseline_is_an_error_and_is_kept(project):
+def test_corrupt_baseline_is_an_error_kept_by_a_gate_and_replaced_by_a_refresh(project):
     path = project.path / BASELINE
     path.parent.mkdir(parents=True)
     path.write_text("{garbage")
-    result = run(project, "--memcheck", "--memcheck-update-baselines")
+    result = run(project, "--memcheck")
     assert result.ret == 1
-    result.stdout.fnmatch_lines([f"*{BASELINE}: corrupt baseline*"])
+    result.stdout.fnmatch_lines([f"*{BASELINE}: corrupt baseline*refresh the baselines to replace it"])
     assert path.read_text() == "{garbage"
+    result = run(project, "--memcheck", "--memcheck-update-baselines")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([f"*baseline written to {BASELINE}: replaced an unreadable baseline: corrupt baseline*"])
+    assert json.loads(path.read_text())["schema"] == "memcheck.baseline/1"

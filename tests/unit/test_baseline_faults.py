@@ -1,6 +1,6 @@
 """A fault in one item's baseline is that item's error, in one line naming the path and the cause; nothing else of
 the run is lost: the other items are judged, reports are written (or written elsewhere, saying where), no `.tmp`
-file stays behind, and a malformed baseline is never overwritten by a refresh."""
+file stays behind, and a malformed baseline is replaced only by a refresh, which says so."""
 import errno
 import json
 import os
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memcheck import plugin
-from memcheck.baselines import SCHEMA, BaselineStore
+from memcheck.baselines import MENDING, SCHEMA, BaselineStore
 from memcheck.errors import UsageError
 from memcheck.measurement import Measurement
 from memcheck.metrics.value import MetricValue
@@ -48,12 +48,15 @@ def stored(**changes):
 def test_a_baseline_of_the_wrong_shape_at_any_depth_is_the_items_one_line_error(tmp_path, changes, problem):
     path = baseline_file(tmp_path, stored(**changes))
     before = path.read_text()
-    for update in (False, True):  # judged, and refreshed: never overwritten
-        result = judge_item(measurement(), {}, Settings(baselines=str(tmp_path), update_baselines=update))
-        assert result.verdict == "error" and result.failed
-        assert result.reason.startswith(f"{path}: malformed baseline: {problem}"), result.reason
-        assert "\n" not in result.reason
-    assert path.read_text() == before
+    result = judge_item(measurement(), {}, Settings(baselines=str(tmp_path)))
+    assert result.verdict == "error" and result.failed
+    assert result.reason.startswith(f"{path}: malformed baseline: {problem}") and result.reason.endswith(MENDING)
+    assert path.read_text() == before  # a gate never overwrites it
+    refreshed = judge_item(measurement(), {}, Settings(baselines=str(tmp_path), update_baselines=True))
+    assert refreshed.verdict == "new" and not refreshed.failed
+    assert refreshed.reason.startswith(f"replaced an unreadable baseline: malformed baseline: {problem}")
+    assert MENDING not in refreshed.reason and refreshed.updated == [refreshed.reason]
+    assert BaselineStore(tmp_path).load("cpu-x86_64", "w", "hf").metrics["kv.bytes.peak"].value == 1000
 
 
 def test_a_baseline_that_cannot_be_written_is_the_items_error_and_leaves_no_tmp(tmp_path, monkeypatch):
