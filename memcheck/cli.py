@@ -196,6 +196,7 @@ def main(argv=None) -> int:
     _add_report_commands(sub)
     _add_compare_command(sub)
     sub.add_parser("schema", help="print the JSON Schema of workload files (for editors and check-jsonschema)")
+    sub.add_parser("metrics", help="print the metric catalog: every name a baseline stores, its unit and meaning")
     check = sub.add_parser("check", help="load every workload file as pytest would, under each profile it names, "
                                          "and list the errors (file:line: field: message); runs nothing")
     check.add_argument("paths", nargs="*", help="workload files or folders (default: the project's suites)")
@@ -212,6 +213,11 @@ def main(argv=None) -> int:
             print(line, file=sys.stderr)
         print(f"memcheck check: {loaded} workloads, {len(errors)} error{'s' * (len(errors) != 1)}")
         return 1 if errors else 0
+    if ns.command == "metrics":
+        from .metrics.catalog import markdown_table
+
+        sys.stdout.write(markdown_table())
+        return 0
     if ns.command == "schema":
         from .workload import schema_text
 

@@ -80,3 +80,14 @@ def reported_by(name: str, stack: str) -> bool:
     """Whether items of `stack` are expected to report the metric."""
     stacks = METRICS[name].stacks
     return not stacks or stack in stacks
+
+
+def markdown_table() -> str:
+    """The catalog as the README prints it (`memcheck metrics`; a test keeps the README's copy equal)."""
+    rows = ["| metric | unit | meaning |", "|---|---|---|"]
+    for m in _SPECS:
+        notes = [n for n, on in (("lower is worse", m.lower_is_worse), ("noisy: judged through rounds", m.noisy)) if on]
+        notes += [f"{', '.join(m.stacks)} only"] if m.stacks else []
+        extra = f" ({'; '.join(notes)})" if notes else ""
+        rows.append(f"| `{m.name}` | {m.unit} | {m.meaning}{extra} |")
+    return "\n".join(rows) + "\n"

@@ -1,7 +1,7 @@
-"""README's "Adding a stack" is true: its example stack, installed as its entry point says, gates a workload.
+"""docs/adding-a-stack.md is true: its example stack, installed as its entry point says, gates a workload.
 
-The stack's code and its `memcheck.stacks` entry are read out of README.md itself, so the section cannot drift
-from what works."""
+The stack's code and its `memcheck.stacks` entry are read out of the page itself, so it cannot drift from what
+works."""
 import json
 import re
 import sys
@@ -14,13 +14,12 @@ else:
     import tomli as tomllib
 
 
-def readme_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    return text.split("### Adding a stack\n", 1)[1].split("\n## ", 1)[0]
+def guide_page() -> str:
+    return (ROOT / "docs" / "adding-a-stack.md").read_text()
 
 
 def install_readme_stack(site) -> str:
-    section = readme_section()
+    section = guide_page()
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     entry = tomllib.loads(re.search(r"```toml\n(.*?)```", section, re.S).group(1))
     (name, target), = entry["project"]["entry-points"]["memcheck.stacks"].items()
