@@ -2,7 +2,7 @@
 
 Why a process: a thread in the worker takes the GIL from the stack at every poll. On an H200, polling NVML
 and the torch allocator every 10 ms on a thread cost stock transformers' generate(), which is bound by
-Python, 16-25% of its speed (benchmarks/results/collector_overhead_2026-12-01_nvidia-h200*.log). Here it
+Python, 16-25% of its speed (benchmarks/collector_overhead.py). Here it
 costs the stack nothing but part of a core that a GPU runner has idle.
 
     python nvml_poll.py DEVICE_UUID PID PERIOD_S

@@ -61,7 +61,7 @@ class HFStack(Stack):
     def warmup(self) -> None:
         """On CUDA, the whole workload once, untimed: stock generate() pays a one-time cost per new shape (every
         decode step's cache length is a new attention shape), which made an R1 item's first run 3.6x slower than
-        its second on an H200 (benchmarks/results/collector_parts_2026-12-01_nvidia-h200.log). Its memory is the
+        its second on an H200 (benchmarks/collector_parts.py). Its memory is the
         timed run's (same workload). Nothing on the CPU, where a first run is no slower than the next."""
         if self.has_warmup():
             self.run(_Unobserved())

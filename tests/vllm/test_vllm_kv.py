@@ -91,7 +91,7 @@ def test_cpu_kv_pool_defaults_to_the_workload_at_full_length(tmp_path):
     blocks = 3 * 5 + 1 + 1  # 130 tokens -> 5 blocks of 32, 15 -> 1, and vLLM's null block
     assert args["num_gpu_blocks_override"] == blocks and args["max_model_len"] == 130
     assert args["kv_cache_memory_bytes"] == blocks * 32 * 2048  # 2 layers x 2 kv heads x 64 x K,V x fp32
-    # GPU runners alike (issue 19): the workload's pool, not what vLLM's profile leaves of 90% of the card.
+    # GPU runners alike: the workload's pool, not what vLLM's profile leaves of 90% of the card.
     gpu = VLLMStack(wl, torch.device("cuda")).engine_args(wl.model_config())
     assert gpu["num_gpu_blocks_override"] == blocks and gpu["dtype"] == "bfloat16"
     assert gpu["kv_cache_memory_bytes"] == blocks * 32 * 1024 and gpu["worker_cls"] == WORKER_CLS
