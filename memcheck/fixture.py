@@ -16,6 +16,7 @@ from .errors import UsageError
 from .measurement import Measurement
 from .metrics.collect import CollectorOptions, Collectors
 from .runner import judge_item
+from .stash import SESSION
 
 STACK = "python"
 
@@ -43,7 +44,7 @@ class CodeBlockMeter:
     def __enter__(self):
         from .devices import resolve_device
 
-        session = self.request.config.stash.get(_session_key(), None)
+        session = self.request.config.stash.get(SESSION, None)
         device = self._device or (session.settings.device if session else "auto")
         self.device = resolve_device(device)
         self.collectors = Collectors(self.device, CollectorOptions(in_process=True))
@@ -86,7 +87,7 @@ class CodeBlockMeter:
             extra["memcheck.verdict"] = self.result.verdict.value
 
     def _judge(self) -> None:
-        session = self.request.config.stash.get(_session_key(), None)
+        session = self.request.config.stash.get(SESSION, None)
         if session is None:
             return
         where = lambda f, msg: UsageError(msg, str(self.request.node.path),  # noqa: E731
@@ -94,12 +95,6 @@ class CodeBlockMeter:
         rule_set = rules.merge(session.project.thresholds, self._thresholds, where)
         self.result = judge_item(self.measurement, rule_set, session.settings)
         session.report.items.append(self.result)
-
-
-def _session_key():
-    from .plugin import STASH
-
-    return STASH
 
 
 @pytest.fixture

@@ -17,11 +17,9 @@ from .fixture import memcheck, pytest_runtest_call  # noqa: F401 - registered th
 from .reports import Report
 from .reports import snapshot, terminal
 from .runner import Settings, run_item
+from .stash import SESSION
 from .states import Verdict
 from .workload import load_file
-
-STASH = pytest.StashKey["MemcheckSession"]()
-
 
 def pytest_addoption(parser):
     options.register(parser)
@@ -34,7 +32,7 @@ def pytest_configure(config):
         return
     pin_xdist_worker(os.environ)
     session = MemcheckSession(config)
-    config.stash[STASH] = session
+    config.stash[SESSION] = session
     config.pluginmanager.register(session, "memcheck-session")
 
 
@@ -179,7 +177,7 @@ def _relative(path) -> str:
 
 class WorkloadFile(pytest.File):
     def collect(self):
-        mc: MemcheckSession = self.config.stash[STASH]
+        mc: MemcheckSession = self.config.stash[SESSION]
         try:
             workloads = load_file(_relative(self.path), mc.settings.profile, stacks.names(), mc.project.thresholds)
         except UsageError as e:
@@ -197,7 +195,7 @@ class WorkloadItem(pytest.Item):
         self.result = None
 
     def runtest(self):
-        mc: MemcheckSession = self.config.stash[STASH]
+        mc: MemcheckSession = self.config.stash[SESSION]
         self.result = run_item(self.workload, self.stack, mc.settings)
         if snapshot.wanted(self.result):
             mc.save_snapshot(self, self.result)

@@ -144,12 +144,12 @@ def _worker_command(workload, stack: str, s: Settings, out: str, memory_round: b
            "--sample-period-ms", str(s.sample_period_ms), "--launched-at", repr(time.time())]
     if workload.profile:
         cmd += ["--profile", workload.profile]
-    if not (memory_round and s.python_heap):  # tracemalloc and the CPU allocator's events: the memory round only
-        cmd.append("--no-python-heap")
+    if memory_round and s.python_heap:  # tracemalloc and the CPU allocator's events: the memory round only
+        cmd.append("--python-heap")
     if s.python_heap and not memory_round:  # ... or the warm-up, where it is the workload once (hf on a GPU)
         cmd.append("--heap-in-warmup")
-    if not (memory_round and s.cpu_tensors):
-        cmd.append("--no-cpu-tensors")
+    if memory_round and s.cpu_tensors:
+        cmd.append("--cpu-tensors")
     return cmd
 
 

@@ -20,8 +20,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--out", required=True)
     p.add_argument("--rootdir", default=".")
-    p.add_argument("--no-python-heap", action="store_true")
-    p.add_argument("--no-cpu-tensors", action="store_true")
+    p.add_argument("--python-heap", action="store_true", help="trace the Python heap (tracemalloc)")
+    p.add_argument("--cpu-tensors", action="store_true", help="record the CPU allocator's memory events")
     p.add_argument("--heap-in-warmup", action="store_true", help="trace the Python heap through a warm-up that is "
                    "the workload once (collect.CollectorOptions.heap_in_warmup)")
     p.add_argument("--sample-period-ms", type=float, default=10.0)
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         m.error = ItemError(ErrorKind.USAGE, str(e))
         _write(args.out, m)
         return 0
-    options = CollectorOptions(python_heap=not args.no_python_heap, cpu_tensors=not args.no_cpu_tensors,
+    options = CollectorOptions(python_heap=args.python_heap, cpu_tensors=args.cpu_tensors,
                                heap_in_warmup=args.heap_in_warmup,
                                sample_period_s=args.sample_period_ms / 1000)
     if args.world_size > 1:  # one rank of a tensor-parallel item

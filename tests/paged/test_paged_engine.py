@@ -109,7 +109,7 @@ def _serve(scheduler, seqs, max_steps=500):
 
 
 def test_scheduler_frees_blocks_the_step_a_sequence_finishes():
-    blocks = BlockManager(num_blocks=8, block_size=4, prefix_caching=False)
+    blocks = BlockManager(num_blocks=8, block_size=4)
     sched = Scheduler(EngineConfig(4, 8, max_num_seqs=4, max_num_batched_tokens=16), blocks)
     seqs = _requests((6, 2), (5, 6))
     sched.add(seqs[0])
@@ -125,7 +125,7 @@ def test_scheduler_frees_blocks_the_step_a_sequence_finishes():
 
 
 def test_scheduler_preempts_youngest_and_recomputes():
-    blocks = BlockManager(num_blocks=6, block_size=4, prefix_caching=False)
+    blocks = BlockManager(num_blocks=6, block_size=4)
     sched = Scheduler(EngineConfig(4, 6, max_num_seqs=4, max_num_batched_tokens=64), blocks)
     seqs = _requests((8, 9), (8, 9))  # each needs 4 blocks at its longest, the pool has 6
     log = _serve(sched, seqs)
@@ -137,14 +137,14 @@ def test_scheduler_preempts_youngest_and_recomputes():
 
 
 def test_scheduler_respects_max_num_seqs_and_budget():
-    blocks = BlockManager(num_blocks=64, block_size=4, prefix_caching=False)
+    blocks = BlockManager(num_blocks=64, block_size=4)
     sched = Scheduler(EngineConfig(4, 64, max_num_seqs=2, max_num_batched_tokens=10), blocks)
     log = _serve(sched, _requests((12, 3), (3, 3), (3, 3)))
     assert all(len(b) <= 2 and sum(n for _, n in b) <= 10 for b in log)
 
 
 def test_stall_is_an_error_not_a_hang(tmp_path):
-    blocks = BlockManager(num_blocks=2, block_size=4, prefix_caching=False)
+    blocks = BlockManager(num_blocks=2, block_size=4)
     sched = Scheduler(EngineConfig(4, 2, max_num_seqs=4, max_num_batched_tokens=64), blocks)
     sched.add(_requests((12, 1))[0])  # 3 blocks: never fits
     assert sched.schedule() == []

@@ -211,8 +211,8 @@ def test_the_timed_rounds_run_without_the_memory_rounds_collectors(tmp_path):
     wl = make_workload(tmp_path)
     timed = _worker_command(wl, "hf", Settings(), "out.json")
     memory = _worker_command(wl, "hf", Settings(), "out.json", memory_round=True)
-    assert "--no-python-heap" in timed and "--no-cpu-tensors" in timed and "--heap-in-warmup" in timed
-    assert "--no-python-heap" not in memory and "--no-cpu-tensors" not in memory and "--heap-in-warmup" not in memory
+    assert "--python-heap" not in timed and "--cpu-tensors" not in timed and "--heap-in-warmup" in timed
+    assert "--python-heap" in memory and "--cpu-tensors" in memory and "--heap-in-warmup" not in memory
     assert "--heap-in-warmup" not in _worker_command(wl, "hf", Settings(python_heap=False), "out.json")
     no_heap = _worker_command(wl, "hf", Settings(python_heap=False), "out.json", memory_round=True)
-    assert "--no-python-heap" in no_heap and "--no-cpu-tensors" not in no_heap
+    assert "--python-heap" not in no_heap and "--cpu-tensors" in no_heap

@@ -12,7 +12,7 @@ One concept per file, nano-vllm style:
   context.py    StepContext: the batch layout one forward pass reads
   kv_pool.py    KVPool: the cache allocation, per-layer views, page footprint
   sequence.py   Sequence: token ids and the block table that holds their K/V
-  block_manager.py  BlockManager: free list, reference counts, prefix sharing, copy-on-write fork, reclaim
+  block_manager.py  BlockManager: free list, reclaim on free, the KV accounting
   request.py    Request: a Sequence plus engine state (progress, timestamps, images)
   scheduler.py  Scheduler: token budget, chunked prefill, admission, preemption by recompute
   model_runner.py  ModelRunner: packs a batch, runs the model, samples greedily

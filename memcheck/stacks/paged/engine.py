@@ -30,7 +30,7 @@ class Engine:
         self.cfg, self.device = cfg, device
         # No prefix caching: the block manager seals a prompt's full blocks at allocation, before their
         # K/V exists, so a hit on a block still being prefilled (or preempted) would read garbage.
-        self.blocks = BlockManager(cfg.num_blocks, cfg.block_size, prefix_caching=False)
+        self.blocks = BlockManager(cfg.num_blocks, cfg.block_size)
         self.pool = KVPool(model, spec, cfg, dtype, device)
         graphs = None
         if graph_sizes and cfg.cuda_graphs and torch.device(device).type == "cuda":

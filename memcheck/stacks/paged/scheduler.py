@@ -50,7 +50,7 @@ class Scheduler:
             if seq.num_pending > budget and not self.cfg.chunked_prefill:
                 break
             self.blocks.allocate(seq)
-            seq.num_computed = seq.num_cached_tokens
+            seq.num_computed = 0
             self.waiting.popleft()
             self.running.append(seq)
             n = min(seq.num_pending, budget)
@@ -64,8 +64,7 @@ class Scheduler:
             self._preempt(victim)
             if victim is seq:
                 return False
-        _, copy = self.blocks.append_slot(seq)
-        assert copy is None, "copy-on-write needs shared blocks; this engine never forks"
+        self.blocks.append_slot(seq)
         seq.needs_slot = False
         return True
 

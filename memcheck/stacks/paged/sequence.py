@@ -10,7 +10,6 @@ class Sequence:
         self.block_size = block_size
         self.token_ids = list(token_ids)
         self.block_table: list[int] = []  # block ids, in token order
-        self.num_cached_tokens = 0  # leading tokens whose K/V came from the prefix cache
 
     def __len__(self) -> int:
         return len(self.token_ids)
