@@ -196,6 +196,9 @@ def main(argv=None) -> int:
     _add_report_commands(sub)
     _add_compare_command(sub)
     sub.add_parser("schema", help="print the JSON Schema of workload files (for editors and check-jsonschema)")
+    from .bisect.command import add_arguments as bisect_arguments
+
+    bisect_arguments(sub.add_parser("bisect", help="find the release or commit that made an item regress"))
     sub.add_parser("metrics", help="print the metric catalog: every name a baseline stores, its unit and meaning")
     check = sub.add_parser("check", help="load every workload file as pytest would, under each profile it names, "
                                          "and list the errors (file:line: field: message); runs nothing")
@@ -213,6 +216,10 @@ def main(argv=None) -> int:
             print(line, file=sys.stderr)
         print(f"memcheck check: {loaded} workloads, {len(errors)} error{'s' * (len(errors) != 1)}")
         return 1 if errors else 0
+    if ns.command == "bisect":
+        from .bisect.command import main as bisect
+
+        return bisect(ns)
     if ns.command == "metrics":
         from .metrics.catalog import markdown_table
 
