@@ -10,7 +10,7 @@ import datetime
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import environment, units
@@ -18,6 +18,7 @@ from .errors import UsageError
 from .measurement import Measurement
 from .metrics.catalog import METRICS
 from .metrics.value import MetricValue
+from .timeline import downsample, is_timeline
 
 SCHEMA = "memcheck.baseline/1"
 
@@ -29,6 +30,7 @@ class Baseline:
     environment: dict
     recorded: str
     rounds: int = 1
+    timeline: list[dict] = field(default_factory=list)  # downsampled (timeline.py); absent from older baselines
 
 
 # What a user can do about a baseline that cannot be read; a gate never overwrites it.
@@ -63,7 +65,8 @@ class BaselineStore:
             raise UsageError(f"malformed baseline: {problem}; {MENDING}",
                              str(path))
         metrics = {k: MetricValue.from_json(v) for k, v in data["metrics"].items()}
-        return Baseline(path, metrics, data["environment"], data.get("recorded", ""), data.get("rounds", 1))
+        return Baseline(path, metrics, data["environment"], data.get("recorded", ""), data.get("rounds", 1),
+                        data.get("timeline", []))
 
     def write(self, m: Measurement, replace_unreadable: bool = False) -> tuple[Path, list[str]]:
         """Write m as the baseline of its item; returns the path and the changes applied, one line each. An
@@ -76,7 +79,7 @@ class BaselineStore:
             "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "rounds": m.rounds, "environment": m.environment,
             "metrics": {k: _stamped(k, v) for k, v in sorted(m.metrics.items())},
-            "floors": m.floors,
+            "floors": m.floors, "timeline": downsample(m.timeline),
             **({"ranks": m.ranks} if m.ranks else {}),  # tensor parallel: each rank's numbers, kept for reading
         }
         _atomic_write(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
@@ -101,6 +104,8 @@ def shape_problem(data: dict) -> str | None:
         return f"rounds: {json.dumps(data['rounds'])[:60]} is not a count"
     if not isinstance(data.get("recorded", ""), str):
         return "recorded: not a date"
+    if not is_timeline(data.get("timeline", [])):
+        return "timeline: not a list of samples of numbers"
     for name, metric in data["metrics"].items():
         where = f"metrics.{name}"
         if not isinstance(metric, dict):

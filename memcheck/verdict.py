@@ -32,6 +32,8 @@ class ItemResult:
     strict: bool = False  # --memcheck-strict: a `new` item fails too
     compared_across: list[str] = field(default_factory=list)  # software versions judged across: 'torch 2.12 -> 2.13'
     rule_set: dict[str, rules.Rule] = field(default_factory=dict)  # judged by these (`memcheck compare` reuses them)
+    baseline_timeline: list[dict] = field(default_factory=list)  # the baseline's memory over its steps, downsampled
+    baseline_environment: dict = field(default_factory=dict)  # what the baseline ran under, to label its curve
 
     def __post_init__(self):
         self.verdict = Verdict(self.verdict)
@@ -54,7 +56,8 @@ class ItemResult:
             "checks": [c.to_json() for c in self.checks],
             "baseline": None if self.baseline_path is None else {
                 "path": self.baseline_path, "recorded": self.baseline_recorded,
-                "metrics": {k: v.to_json() for k, v in self.baseline_metrics.items()}},
+                "metrics": {k: v.to_json() for k, v in self.baseline_metrics.items()},
+                "timeline": self.baseline_timeline, "environment": self.baseline_environment},
             "incomparable_fields": self.differences, "compared_across": self.compared_across,
             "failed": self.failed, "baseline_updated": self.updated,
             "rules": {name: rules.to_json(rule) for name, rule in sorted(self.rule_set.items())},
@@ -82,6 +85,7 @@ def judge(m: Measurement, rule_set: dict[str, rules.Rule], baseline: Baseline | 
     if baseline is not None:
         result.baseline_path, result.baseline_recorded = str(baseline.path), baseline.recorded
         result.baseline_metrics = baseline.metrics
+        result.baseline_timeline, result.baseline_environment = baseline.timeline, baseline.environment
         result.differences = environment.differences(baseline.environment, m.environment, m.stack,
                                                      strict_environment)
         owner = baseline.environment.get("test")

@@ -14,7 +14,7 @@ from ..floors import describe as describe_floors
 from ..metrics.catalog import METRICS
 from . import plot
 from .report import ORDER
-from .markdown import ICONS, MEMORY_VIZ, _value, safe_url, split_checks
+from .markdown import ICONS, MEMORY_VIZ, _value, bisect_commands, safe_url, split_checks
 from .ranks import rank_columns
 from .terminal import COLUMNS
 
@@ -25,7 +25,8 @@ def environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined)
     env.filters.update(wbr=_wbr, value=_value, bytes=units.format_bytes, percent=units.format_percent)
     env.globals.update(describe_floors=describe_floors, ICONS=ICONS, COLUMNS=COLUMNS, MEMORY_VIZ=MEMORY_VIZ, METRICS=METRICS,
-                       rank_columns=rank_columns, split_checks=split_checks)
+                       rank_columns=rank_columns, split_checks=split_checks,
+                       bisect_commands=bisect_commands)
     return env
 
 
@@ -35,7 +36,7 @@ def render(report, artifact_url: str | None = None) -> str:
         charts = plot.panels(items)
         for chart in charts:
             chart.svg = markupsafe.Markup(chart.svg)  # built and escaped by plot.svg
-        workloads.append({"name": name, "results": items, "charts": charts,
+        workloads.append({"name": name, "results": items, "charts": charts, "baseline": plot.baseline_label(items),
                           "colors": plot.color_of([r.measurement.stack for r in items])})
     ordered = sorted(report.items, key=lambda r: ORDER.index(r.verdict) if r.verdict in ORDER else len(ORDER))
     columns = [c for c in COLUMNS if any(_measured(r, c) for r in report.items)]

@@ -63,17 +63,76 @@ def safe_url(url) -> str | None:
     return urllib.parse.quote(parts.geturl(), safe=":/?#[]@!$&'*+,;=%~")
 
 
-def split_checks(checks) -> tuple[list, list[tuple[str, list[str]]]]:
+def split_checks(checks, left_out=()) -> tuple[list, list[tuple[str, list[str]]]]:
     """Checks worth a table row, and the metrics this runner could not measure grouped by reason (a CPU
-    runner has a dozen null gpu.* metrics: one line says so instead of a dozen rows)."""
+    runner has a dozen null gpu.* metrics: one line says so instead of a dozen rows). `left_out`: metrics
+    the report lists once for the whole run."""
     shown, missing = [], {}
     for c in checks:
+        if c.metric in left_out:
+            continue
         if c.status == CheckStatus.NOT_MEASURED:
             reason = c.message.removeprefix("not measured here: ")
             missing.setdefault(reason, []).append(c.metric)
         else:
             shown.append(c)
     return shown, list(missing.items())
+
+
+# Fingerprint fields that name a package on the index: a bump of one can be bisected release by release.
+BISECTABLE = {"torch": "torch", "triton": "triton", "transformers": "transformers", "vllm": "vllm",
+              "flash_attn": "flash-attn"}
+NOISY = "noisy metric"  # the start of a check's message when one round cannot judge a noisy metric
+
+
+def bisect_commands(result) -> list[str]:
+    """For a regressed item compared across a package bump: the command that finds the release, per package."""
+    if result.verdict != Verdict.REGRESSED:
+        return []
+    commands = []
+    for change in result.compared_across:
+        key, _, versions = change.partition(" ")
+        good, _, bad = versions.partition(" -> ")
+        if key in BISECTABLE and good != "none" and bad != "none":
+            commands.append(f"memcheck bisect '{result.id}' --package {BISECTABLE[key]} --good {good} --bad {bad}")
+    return commands
+
+
+def skipped_groups(items) -> list[tuple[str, list[str]]]:
+    """Skipped items by reason: one line per reason instead of a row per item."""
+    groups = {}
+    for r in items:
+        if r.verdict == Verdict.SKIPPED:
+            groups.setdefault(r.reason or "no reason given", []).append(r.id)
+    return list(groups.items())
+
+
+def common_across(items) -> list[str]:
+    """The software changes every judged item was compared across: said once above the table."""
+    judged = [r.compared_across for r in items if r.verdict != Verdict.SKIPPED and r.baseline_path]
+    if len(judged) < 2:  # one item says it in its own row
+        return []
+    return [change for change in judged[0] if all(change in other for other in judged[1:])]
+
+
+def unjudged_metrics(items) -> list[str]:
+    """Noisy metrics that no item of the run could judge (one round): listed once, left out of every table."""
+    seen, judged = set(), set()
+    for r in items:
+        for c in r.checks:
+            (seen if c.status == CheckStatus.NOT_COMPARED and c.message.startswith(NOISY) else judged).add(c.metric)
+    return sorted(seen - judged)
+
+
+def unmeasured_everywhere(items) -> list[tuple[str, list[str]]]:
+    """Metrics that no item could measure, for the same reason (a CPU runner's gpu.*): said once for the run."""
+    per_item = [{(c.metric, c.message) for c in r.checks if c.status == CheckStatus.NOT_MEASURED}
+                for r in items if r.checks]
+    common = set.intersection(*per_item) if len(per_item) > 1 else set()  # one item says it in its own table
+    groups = {}
+    for metric, message in sorted(common):
+        groups.setdefault(message.removeprefix("not measured here: "), []).append(metric)
+    return list(groups.items())
 
 
 def _value(value, metric: str, signed: bool = False) -> str:
@@ -91,7 +150,7 @@ def environment(loader_pkg: str = "memcheck") -> jinja2.Environment:
                        percent=units.format_percent)
     env.globals.update(describe_floors=describe_floors, describe_engine_profile=describe_engine_profile, ICONS=ICONS,
                        MARKER=MARKER, METRICS=METRICS, MEMORY_VIZ=MEMORY_VIZ, split_checks=split_checks,
-                       rank_columns=rank_columns)
+                       rank_columns=rank_columns, bisect_commands=bisect_commands)
     return env
 
 
@@ -108,7 +167,10 @@ def render(report, artifact_url: str | None = None, limit: int | None = None, pl
         shortened = level != SHORTER[0]
         items = ordered if shortened else report.items
         detailed = [r for r in items if r.checks and (details == "all" or (details == "failed" and r.failed))]
-        body = template.render(report=report, items=items, detailed=detailed[:max_details], details=details,
+        body = template.render(report=report, items=[r for r in items if r.verdict != Verdict.SKIPPED],
+                               skipped=skipped_groups(items), common=common_across(items),
+                               unjudged=unjudged_metrics(items), unmeasured=unmeasured_everywhere(items),
+                               detailed=detailed[:max_details], details=details,
                                left_out=len(detailed) - len(detailed[:max_details]), max_rows=max_rows,
                                artifact_url=url, shortened=shortened, limit=limit, platform=platform, marker=marker)
         if limit is None or len(body) <= limit:

@@ -5,6 +5,7 @@ A workload's timeline panels (one chart each, every stack that ran the workload 
   GPU runners: the torch allocator's allocated (solid) and reserved (dashed) bytes per decode step
   CPU runners: the worker process's resident set per decode step
   both:        the KV cache's reserved (solid) and live (dashed) bytes, when the stack reports them
+Where the item's baseline kept its timeline, each line has the baseline's beside it, faded and drawn first.
 Every text that reaches the SVG is escaped here; callers pass plain strings.
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Series:
     color: str
     dashed: bool
     points: list[tuple[float, float]] = field(default_factory=list)
+    baseline: bool = False  # the baseline's curve: drawn faded, under today's
 
 
 @dataclass
@@ -60,10 +62,14 @@ def panels(items) -> list[Panel]:
         series = []
         for r in items:
             for key, label, dashed in keys:
-                pts = [(float(p["step"]), float(p[key])) for p in r.measurement.timeline
-                       if isinstance(p.get(key), (int, float)) and isinstance(p.get("step"), (int, float))]
+                past = _points(r.baseline_timeline, key)
+                if len(past) > 1:
+                    series.append(Series(r.measurement.stack, f"{label}, baseline", colors[r.measurement.stack],
+                                         dashed, past, baseline=True))
+                pts = _points(r.measurement.timeline, key)
                 if len(pts) > 1:  # one sample is no curve (a fixture block's single step): the table says it
-                    twin = next((o for o in series if o.stack == r.measurement.stack and o.points == pts), None)
+                    twin = next((o for o in series if o.stack == r.measurement.stack and o.points == pts
+                                 and not o.baseline), None)
                     if twin:  # drawn exactly under the other line: say so, or it looks missing
                         label = f"{label} (= {twin.label})"
                     series.append(Series(r.measurement.stack, label, colors[r.measurement.stack], dashed, pts))
@@ -74,6 +80,22 @@ def panels(items) -> list[Panel]:
     for panel in out:
         panel.svg = svg(panel, (min(steps), max(steps)))
     return out
+
+
+def _points(timeline, key: str) -> list[tuple[float, float]]:
+    return [(float(p["step"]), float(p[key])) for p in timeline
+            if isinstance(p.get(key), (int, float)) and isinstance(p.get("step"), (int, float))]
+
+
+def baseline_label(items) -> str:
+    """What the faded curves are: the baseline's commit and the versions it ran under (its fingerprint)."""
+    for r in items:
+        env = r.baseline_environment
+        if r.baseline_timeline and env:
+            parts = [f"commit {env['git_sha'][:10]}"] if env.get("git_sha") else []
+            parts += [f"{k} {env[k]}" for k in ("torch", "transformers", "vllm") if env.get(k)]
+            return f"Faded: the baseline's curves (recorded {r.baseline_recorded or 'earlier'}; {', '.join(parts)})."
+    return ""
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
@@ -135,9 +157,10 @@ def svg(panel: Panel, xrange: tuple[float, float] | None = None) -> str:
     for s in panel.series:
         pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s.points)
         dash = ' stroke-dasharray="7 4"' if s.dashed else ""
-        parts.append(f'<polyline points="{pts}" fill="none" stroke="{s.color}" stroke-width="2.2"{dash}>'
+        look = ' stroke-width="5" stroke-opacity="0.3"' if s.baseline else ' stroke-width="2.2"'
+        parts.append(f'<polyline points="{pts}" fill="none" stroke="{s.color}"{look}{dash}>'
                      f'<title>{e(s.stack)}: {e(s.label)}</title></polyline>')
-        if len(s.points) <= 40:
+        if len(s.points) <= 40 and not s.baseline:
             for x, y in s.points:
                 parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.6" fill="{s.color}">'
                              f'<title>{e(s.stack)} {e(s.label)}, step {int(x)}: {e(units.format_bytes(y))}</title>'

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ..errors import UsageError
 from ..measurement import Measurement
 from ..metrics.value import MetricValue
+from ..timeline import is_timeline
 from .. import rules
 from ..rules import Check
 from ..states import CheckStatus, Verdict
@@ -161,6 +162,8 @@ def _item_from_json(data: dict) -> ItemResult:
                         data.get("baseline_updated"))
     # Both absent from reports of earlier memcheck versions, which stay readable.
     result.compared_across = list(data.get("compared_across") or [])
+    result.baseline_timeline = base.get("timeline") if is_timeline(base.get("timeline")) else []
+    result.baseline_environment = base.get("environment") if isinstance(base.get("environment"), dict) else {}
     result.rule_set = {name: rules.from_json(name, raw) for name, raw in (data.get("rules") or {}).items()}
     # `failed` is derived; a report written with --memcheck-strict keeps its failing `new` items failing.
     result.strict = bool(data.get("failed")) and result.verdict == "new"
