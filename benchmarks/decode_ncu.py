@@ -22,13 +22,11 @@ from memcheck.kernels import mla  # noqa: E402
 
 CONFIGS = {  # MLA decode variants beside the default: 32-head blocks at 128 heads (mma.sync; the loop spills)
     "mla-32-head-blocks": mla.MID_HEADS_CONFIG,
-    "mla-hopper": {**mla.MANY_HEADS_CONFIG, "seesaw": False},  # memcheck/kernels/mla_hopper.py, the seesaw's predecessor
 }
 CASES = {  # name: (cell, config name or None)
     "mla16-b256x4K": (Cell(MLA_DECODE, 256, 4096, 1, 16, 1, 512, 64), None),
     "mla128-b256x4K": (Cell(MLA_DECODE, 256, 4096, 1, 128, 1, 512, 64), None),
     "mla128-b256x4K-32-head-blocks": (Cell(MLA_DECODE, 256, 4096, 1, 128, 1, 512, 64), "mla-32-head-blocks"),
-    "mla128-b256x4K-hopper": (Cell(MLA_DECODE, 256, 4096, 1, 128, 1, 512, 64), "mla-hopper"),
     "gqa28-b32x1K": (Cell(DECODE, 32, 1024, 1, 28, 4, 128), None),
     # 128 heads at small batches: well over the per-tile time of b256 x 4K (kernels_h200_2026-12-02_*_grid-3)
     "mla128-b1x4K": (Cell(MLA_DECODE, 1, 4096, 1, 128, 1, 512, 64), None),

@@ -26,8 +26,7 @@ from kernels_h200 import Cell, bench_graph, bf16, rel_err  # noqa: E402
 from memcheck.kernels import mla, reference  # noqa: E402
 
 BOUND = grid.BF16_BOUND  # relative error of a bf16 output against the float32 reference
-SEESAW = {**mla.MANY_HEADS_CONFIG, "hopper": True, "seesaw": True}  # memcheck/kernels/mla_seesaw.py, the default
-HOPPER = {**SEESAW, "seesaw": False}  # memcheck/kernels/mla_hopper.py, the kernel it replaced
+SEESAW = {**mla.MANY_HEADS_CONFIG, "hopper": True}  # memcheck/kernels/mla_seesaw.py, the default
 
 
 def triton_config(heads):
@@ -56,7 +55,7 @@ def triton_config(heads):
 # "seesaw-narrow": the default before 2026-12-04's wide-bf16 runs, float32 partials and every store from the
 # accumulators' layout. "seesaw-again": the default once more, listed last, so that a drift of the machine within
 # the run shows.
-VARIANTS = {"seesaw": SEESAW, "hopper": HOPPER, "seesaw-f32": {**SEESAW, "partials": "float32"},
+VARIANTS = {"seesaw": SEESAW, "seesaw-f32": {**SEESAW, "partials": "float32"},
             "seesaw-tma": {**SEESAW, "tma_loads": True}, "seesaw-cp": {**SEESAW, "tma_loads": False},
             "seesaw-narrow": {**SEESAW, "partials": "float32", "wide_store": False}, "seesaw-again": SEESAW}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)

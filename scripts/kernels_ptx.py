@@ -29,7 +29,7 @@ from triton.runtime.jit import JITFunction, mangle_type
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kernel_sass  # noqa: E402
-from memcheck.kernels import (activation, cache_write, decode, mla, mla_hopper, mla_mha, mla_seesaw, moe, norm,  # noqa: E402
+from memcheck.kernels import (activation, cache_write, decode, mla, mla_mha, mla_seesaw, moe, norm,  # noqa: E402
                      prefill, prefill_hopper, rotary, router, skinny_gemm, stamps)
 
 H200 = GPUTarget("cuda", 90, 32)
@@ -134,9 +134,6 @@ def launches() -> dict[str, tuple]:
             torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
             0.072, num_programs=4, config=mla.MANY_HEADS_CONFIG),
         # the GPU path only (Gluon: the interpreter cannot run it), called directly with the CPU's tensors
-        "mla 128 heads, Hopper 64-head blocks (Gluon)": lambda: mla_hopper.mla_decode_hopper(
-            torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
-            0.1, torch.empty(seqs, 128, 512, dtype=bf16), min_tiles=2, num_programs=4),
         "mla 128 heads, Hopper seesaw (Gluon, warp-specialized)": lambda: mla_seesaw.mla_decode_seesaw(
             torch.randn(seqs, 128, 512, dtype=bf16), torch.randn(seqs, 128, 64, dtype=bf16), latent, table, lens,
             0.1, torch.empty(seqs, 128, 512, dtype=bf16), min_tiles=2, num_programs=4),

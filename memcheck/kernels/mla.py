@@ -22,9 +22,9 @@ from .work_split import (RUN_TIME_INTS, line_ranges, locate, merge_partials, pro
                          tile_line)
 
 try:  # the Hopper kernels are Gluon (triton.experimental.gluon, Triton 3.5 on): without it, _mla_decode everywhere
-    from . import mla_hopper, mla_seesaw
+    from . import mla_seesaw
 except ImportError:
-    mla_hopper = mla_seesaw = None
+    mla_seesaw = None
 
 fix_triton_interpreter()
 
@@ -64,7 +64,7 @@ MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block"
 # (0.0018 float32; bound 0.01). Unstaged it was no faster
 # (mla_hopper_h200_2026-12-03_*_run-13: b32 x 1K 45.0 -> 46.8): 4 bytes a thread in 8 rows, half sectors.
 MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
-                     "split_tail": True, "hopper": True, "seesaw": True, "partials": "bfloat16"}
+                     "split_tail": True, "hopper": True, "partials": "bfloat16"}
 # Up to 32 heads where the seesaw runs (an sm_90 GPU): one 64-head block, the rows past the last head masked (at 16
 # heads 4x the products, still under the latent's bytes on the H200: 64 rows x 1088 x 2 FLOP a 1152-byte row, 121 FLOP a
 # byte against 165) and one partial a program of its heads' rows only (16: 32 KiB), not three. Against _mla_decode's
@@ -275,9 +275,9 @@ def decode_config(num_heads: int, hopper: bool = False) -> dict:
 def _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads) -> bool:
     """Whether a Gluon kernel (memcheck/kernels/mla_seesaw.py, or memcheck/kernels/mla_hopper.py with seesaw off) runs this call:
     asked for (config hopper), their tiles, a GPU and shapes they run."""
-    return (mla_hopper is not None and cfg.get("hopper", False)
-            and (cfg["head_block"], cfg["block_n"]) == (mla_hopper.HEAD_BLOCK, mla_hopper.BLOCK_N)
-            and mla_hopper.supported(q_latent, q_pe, latent_cache, num_heads))
+    return (mla_seesaw is not None and cfg.get("hopper", False)
+            and (cfg["head_block"], cfg["block_n"]) == (mla_seesaw.HEAD_BLOCK, mla_seesaw.BLOCK_N)
+            and mla_seesaw.supported(q_latent, q_pe, latent_cache, num_heads))
 
 
 def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
@@ -292,7 +292,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     _, block_size, width = latent_cache.shape
     assert width == rank + rope, f"latent cache rows are {width} wide, queries {rank} + {rope}"
     assert q_latent.stride(-1) == 1 and q_pe.stride(-1) == 1 and latent_cache.stride(-1) == 1
-    hopper = mla_hopper is not None and mla_hopper.supported(q_latent, q_pe, latent_cache, num_heads)
+    hopper = mla_seesaw is not None and mla_seesaw.supported(q_latent, q_pe, latent_cache, num_heads)
     cfg = {**decode_config(num_heads, hopper), **(config or {})}
     on_gpu = q_latent.device.type == "cuda"
     out = torch.empty_like(q_latent) if out is None else out
@@ -301,12 +301,9 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads):
         gluon_cfg = dict(min_tiles=cfg["min_tiles"], num_programs=num_programs,
                          partials=getattr(torch, cfg.get("partials", "float32")), stamps=stamps.buffer(cfg))
-        if cfg.get("seesaw", False):
-            return mla_seesaw.mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E,
-                                                out, tma_loads=cfg.get("tma_loads", mla_seesaw.TMA_LOADS),
-                                                wide_store=cfg.get("wide_store", mla_seesaw.WIDE_STORE), **gluon_cfg)
-        return mla_hopper.mla_decode_hopper(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E, out,
-                                            **gluon_cfg)
+        return mla_seesaw.mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E,
+                                            out, tma_loads=cfg.get("tma_loads", mla_seesaw.TMA_LOADS),
+                                            wide_store=cfg.get("wide_store", mla_seesaw.WIDE_STORE), **gluon_cfg)
     if stamps.buffer(cfg) is not None:
         raise ValueError("config stamps: only the Gluon decode kernels (sm_90, hopper) write time stamps, not "
                          "_mla_decode")

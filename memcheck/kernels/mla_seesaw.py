@@ -40,11 +40,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .dispatch import launches_early, pdl_options
-from .mla_hopper import (_partial_row, _program_range, _segment, _store_segment, _tile_blocks, gdc_wait_gluon, launch,
-                         stamp_gluon)
-from .work_split import RUN_TIME_INTS
+from .dispatch import launches_early, next_pow2, on_hopper, pdl_options, sm_count
+from .gluon_common import gdc_wait_gluon, partial_row, program_range, segment, stamp_gluon, tile_blocks
+from .stamps import SLOTS
+from .work_split import RUN_TIME_INTS, merge_partials
 
+HEAD_BLOCK, BLOCK_N = 64, 64
 PART_WARPS, WORKER_REGS = 4, 240
 # TMA_LOADS: each partition's halves of the cache's tiles copied by TMA (one thread, a box a cache block) instead of
 # cp.async by all its 128 threads (a tile half's 20 copies a thread and their addresses, ~0.2 us of a 2.1 us tile at
@@ -64,6 +65,16 @@ WIDE_STORE = True
 SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
+
+
+def supported(q_latent, q_pe, latent_cache, num_heads: int) -> bool:
+    """This kernel's shapes: a Hopper GPU, bf16, the DeepSeek latent (512 + 64), rows that cp.async can copy 16 bytes
+    at a time. Heads come in 64-head blocks, the last one masked where they are fewer."""
+    rank, rope = q_latent.shape[-1], latent_cache.shape[-1] - q_latent.shape[-1]
+    rows = (q_latent, q_pe, latent_cache)
+    return (on_hopper(q_latent.device)
+            and q_latent.dtype == latent_cache.dtype == q_pe.dtype == torch.bfloat16 and (rank, rope) == (512, 64)
+            and all(t.data_ptr() % 16 == 0 and all(st % 8 == 0 for st in t.stride()[:-1]) for t in rows))
 
 
 @gluon.jit
@@ -96,7 +107,7 @@ def _load_half(k_lat_s, k_pe_s, BUF: gl.constexpr, HALF_IDX: gl.constexpr, ready
         toks = gl.arange(0, 64, gl.SliceLayout(1, ld))
         tok = t0 + toks
         valid = (tok < end)[:, None]
-        row = (cache_ptr + _tile_blocks(bt_row, t0, end, toks, BLOCK_SIZE) * stride_c_block
+        row = (cache_ptr + tile_blocks(bt_row, t0, end, toks, BLOCK_SIZE) * stride_c_block
                + (tok % BLOCK_SIZE) * stride_c_tok)
         cols = HALF_IDX * HALF + gl.arange(0, HALF, gl.SliceLayout(0, ld))
         cp.async_copy_global_to_shared(k_lat_s.index(BUF).slice(HALF_IDX * HALF, HALF, dim=1),
@@ -167,6 +178,28 @@ def _publish_p(s, m, l, m_slot, p_slot, published):
 
 
 @gluon.jit
+def _store_segment(o, m, l, rows_o: gl.constexpr, whole, x, first, seq, head_block, o_rows, o_cols, out_ptr,
+                   part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, HEADS: gl.constexpr,
+                   NUM_HEADS: gl.constexpr, RANK: gl.constexpr, STORE_LSE: gl.constexpr):
+    """A segment's output o (its columns o_cols): the sequence's answer in bf16 if the segment is all of it, else a
+    float32 partial with its log-sum-exp m + log2(l) (l in layout rows_o), slot 0 for the range's first sequence and 1
+    for its last (work_split.store_range_result). Partials hold min(HEADS, NUM_HEADS) rows: one long sequence
+    writes a partial a program, and 16 heads' are a quarter of a 64-head block's 128 KiB."""
+    if whole:
+        heads = head_block * HEADS + o_rows
+        o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head
+        gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16), mask=(heads < NUM_HEADS)[:, None])
+    else:
+        PART_ROWS: gl.constexpr = HEADS if NUM_HEADS > HEADS else NUM_HEADS
+        at = partial_row(x, first, PART_ROWS) + o_rows
+        held = o_rows < PART_ROWS
+        gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o.to(part_out_ptr.dtype.element_ty),
+                 mask=held[:, None])
+        if STORE_LSE:
+            gl.store(part_lse_ptr + at, gl.convert_layout(m, rows_o) + gl.log2(l), mask=held)
+
+
+@gluon.jit
 def _seesaw_partition(
     ME: gl.constexpr, smem, bars,
     q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr, stamps_ptr,
@@ -197,7 +230,7 @@ def _seesaw_partition(
     if STAMP:
         stamp_gluon(stamps_ptr, gl.program_id(0), 1)
 
-    head_block, first, last, seqs, lens, tiles, ends = _program_range(seq_lens_ptr, num_seqs, num_programs,
+    head_block, first, last, seqs, lens, tiles, ends = program_range(seq_lens_ptr, num_seqs, num_programs,
                                                                       NUM_HEAD_BLOCKS, MIN_TILES, 64, SEQS_PAD, line)
     if STAMP:
         stamp_gluon(stamps_ptr, gl.program_id(0), 2)
@@ -219,7 +252,7 @@ def _seesaw_partition(
     pairs_b = 0
     x = first
     while x < last:
-        seq, n, t_first, count, seg_end, start, end = _segment(x, last, seqs, lens, tiles, ends, 64)
+        seq, n, t_first, count, seg_end, start, end = segment(x, last, seqs, lens, tiles, ends, 64)
         bt_row = block_table_ptr + seq * stride_bt_seq
         # Both partitions are done with the last segment (the row sums' exchange below): the query and both buffers
         # are free. Each loads its half of the first two tiles, with the rope keys of the other partition's.
@@ -324,7 +357,7 @@ def _seesaw_partition(
                         + ME * HALF, stride_o_head, NUM_HEADS - head_block * HEADS, PART_WARPS_C)
         elif WIDE and part_out_ptr.dtype.element_ty == gl.bfloat16:
             PART_ROWS: gl.constexpr = HEADS if NUM_HEADS > HEADS else NUM_HEADS  # as _store_segment
-            at = _partial_row(x, first, PART_ROWS)
+            at = partial_row(x, first, PART_ROWS)
             _store_wide(o.to(gl.bfloat16), v_own, part_out_ptr + at * RANK + ME * HALF, RANK, PART_ROWS, PART_WARPS_C)
             if ME == 0:  # one log-sum-exp
                 gl.store(part_lse_ptr + at + o_rows, gl.convert_layout(m, rows_o) + gl.log2(l_all),
@@ -387,6 +420,36 @@ def _mla_decode_seesaw(
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
                              MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, PDL)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
+
+
+def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
+           num_programs=None, partials=torch.float32, stamps=None, **extra):
+    """Launch a 64-head-block decode kernel of this file's arguments, tile line and partials (mla_hopper's or
+    mla_seesaw's) over one wave (one program a multiprocessor: ~216 KiB of shared memory each), then merge the
+    partials. qk_scale: the softmax scale times log2(e); stamps: memcheck/kernels/stamps.py's buffer, or None; extra: the
+    kernel's own further arguments, by name."""
+    num_seqs, num_heads, rank = q_latent.shape
+    units = -(-num_heads // HEAD_BLOCK)  # the last block masked where heads are fewer (16: V2-Lite)
+    if num_programs is None:
+        num_programs = sm_count(q_latent.device)
+    num_programs = units * max(1, num_programs // units)  # whole ranges per head block
+    # ptxas rematerializes in mla_hopper's tile loop at 16 and 32 padded sequences (725 instructions a tile, not 552;
+    # with the run-3 code it spilled there: 55 local loads a tile at 16), not from 64 to 1024
+    seqs_pad = max(64, next_pow2(num_seqs))
+    rows = min(HEAD_BLOCK, num_heads)  # a partial's rows (_store_segment's PART_ROWS)
+    part_out = torch.empty(num_programs * 2 * rows * rank, device=q_latent.device, dtype=partials)
+    part_lse = torch.empty(num_programs * 2 * rows, device=q_latent.device, dtype=torch.float32)
+    assert stamps is None or stamps.numel() >= num_programs * SLOTS
+    kernel[(num_programs,)](
+        q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
+        part_lse if stamps is None else stamps, qk_scale, num_seqs, num_programs,
+        q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
+        latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
+        NUM_HEAD_BLOCKS=units, NUM_HEADS=num_heads, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1],
+        SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, STAMPS=stamps is not None, num_warps=num_warps, **extra)
+    merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=rows,
+                   head_dim=rank, block_n=BLOCK_N, min_tiles=min_tiles, align=True)  # as _program_range
+    return out
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,

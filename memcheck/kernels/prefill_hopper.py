@@ -31,7 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .dispatch import on_hopper, sm_count
-from .mla_hopper import stamp_gluon
+from .gluon_common import stamp_gluon
 
 BLOCK_M, BLOCK_N, HALF_M = 128, 128, 64  # query rows a program (two consumers of 64), keys a tile
 CONSUMER_WARPS, PRODUCER_WARPS = 4, 1

@@ -1,5 +1,13 @@
 """Shared pieces of the kernel tests: scattered paged caches, poisoned outputs, dtype error bounds."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # ||out - ref|| / ||ref|| against the float32 reference, by input dtype (fp32 accumulation throughout)
@@ -35,3 +43,13 @@ def scattered_block_table(lengths, block_size, gen, spare=3):
 
 def randn(gen, *shape, dtype=torch.float32):
     return torch.randn(*shape, generator=gen).to(dtype)
+
+
+def compiled_in_a_child(child, tmp_path):
+    """Run a CHILD script (compiled for sm_90, a fresh Triton cache) and read the JSON it prints last."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    code = child.format(root=str(ROOT), scripts=str(ROOT / "scripts"))
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])

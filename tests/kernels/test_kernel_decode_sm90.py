@@ -6,7 +6,7 @@ stamps' build too (memcheck/kernels/stamps.py), so decode_timeline.py times the 
 lanes, 126-128 at its 64."""
 import pytest
 
-from test_kernel_mla_hopper_sm90 import compiled_in_a_child
+from kernel_helpers import compiled_in_a_child
 
 pytest.importorskip("triton")
 CHILD = """

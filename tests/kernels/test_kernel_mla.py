@@ -149,13 +149,13 @@ def test_prefill_public_entry_point(monkeypatch):
 
 
 def test_the_hopper_kernel_takes_only_its_own_tiles_where_it_runs(monkeypatch):
-    """memcheck/kernels/mla_hopper.py (Gluon, sm_90) runs a call only when the config asks for it with its 64-head blocks of
+    """memcheck/kernels/mla_seesaw.py (Gluon, sm_90) runs a call only when the config asks for it with its 64-head blocks of
     64-token tiles, on a GPU and shapes it supports, and never where Triton has no Gluon to import."""
     from memcheck.kernels import mla
 
     q, q_pe, cache = torch.zeros(1, 128, 512), torch.zeros(1, 128, 64), torch.zeros(1, 16, 576)
     assert not mla._hopper_takes(mla.MANY_HEADS_CONFIG, q, q_pe, cache, 128)  # a CPU tensor
-    monkeypatch.setattr(mla.mla_hopper, "supported", lambda *args: True)
+    monkeypatch.setattr(mla.mla_seesaw, "supported", lambda *args: True)
     assert mla._hopper_takes(mla.MANY_HEADS_CONFIG, q, q_pe, cache, 128)
     for other in ({"hopper": False}, {"head_block": 32}, {"block_n": 32}):
         assert not mla._hopper_takes({**mla.MANY_HEADS_CONFIG, **other}, q, q_pe, cache, 128), other
@@ -166,5 +166,5 @@ def test_the_hopper_kernel_takes_only_its_own_tiles_where_it_runs(monkeypatch):
         assert mla._hopper_takes(mla.decode_config(heads, hopper=True), q, q_pe, cache, heads)
     assert mla.decode_config(16) is mla.DEFAULT_CONFIG and mla.decode_config(32) is mla.MID_HEADS_CONFIG
     assert mla.decode_config(128) is mla.MANY_HEADS_CONFIG
-    monkeypatch.setattr(mla, "mla_hopper", None)
+    monkeypatch.setattr(mla, "mla_seesaw", None)
     assert not mla._hopper_takes(mla.MANY_HEADS_CONFIG, q, q_pe, cache, 128)

@@ -5,7 +5,7 @@ benchmarks/prefill_hopper_h200.py; this checks the code ptxas makes of it, in a 
 kernels are defined under TRITON_INTERPRET."""
 import pytest
 
-from test_kernel_mla_hopper_sm90 import compiled_in_a_child
+from kernel_helpers import compiled_in_a_child
 
 pytest.importorskip("triton.experimental.gluon")
 CHILD = """

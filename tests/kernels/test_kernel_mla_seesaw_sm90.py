@@ -1,56 +1,14 @@
-"""The Gluon MLA decodes (memcheck/kernels/mla_hopper.py, memcheck/kernels/mla_seesaw.py) as the H200 would run them, on this CPU
-machine: their tile loops keep every value in registers. Both sit at ptxas's 255-register edge: session 15's lazy
-rescale, at 16 padded sequences, made ptxas spill in mla_hopper (55 local loads a tile, 1.3-1.7x the time on the
-H200), and its kept loop at 16 rematerializes (725 instructions a tile, not 552;
-benchmarks/results/kernels_h200_2026-12-02_notes.md). The interpreter cannot run Gluon, so the GPU's answers are
-checked by benchmarks/mla_hopper_h200.py; this checks the code ptxas makes of them, in a child process because this
-folder's kernels are defined under TRITON_INTERPRET."""
-import json
-import os
+"""The Gluon MLA decode (memcheck/kernels/mla_seesaw.py) as the H200 would run it, on this CPU machine: its tile loops keep
+every value in registers (it sits at ptxas's 255-register edge, where a spill costs 1.3-1.7x the time). The interpreter
+cannot run Gluon: tests/gpu checks its answers on a GPU; this checks the code ptxas makes of it, in a child process
+because this folder's kernels are defined under TRITON_INTERPRET."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from kernel_helpers import ROOT, compiled_in_a_child
 
 pytest.importorskip("triton.experimental.gluon")
-ROOT = Path(__file__).resolve().parents[2]
-CHILD = """
-import json, sys, torch
-sys.path[:0] = [{root!r}, {scripts!r}]
-import kernel_sass, kernels_ptx
-from memcheck.kernels import mla_hopper
-rows = {{}}
-for seqs in (3, 200, 600):  # padded to 64, 256 and 1024 sequences
-    table = torch.zeros(seqs, 8, dtype=torch.int32)
-    lens = torch.full((seqs,), 100, dtype=torch.int32)
-    q = torch.randn(seqs, 128, 512, dtype=torch.bfloat16)
-    call = lambda: mla_hopper.mla_decode_hopper(q, torch.randn(seqs, 128, 64, dtype=torch.bfloat16),
-                                                torch.randn(24, 16, 576, dtype=torch.bfloat16), table, lens, 0.1,
-                                                torch.empty_like(q), min_tiles=2, num_programs=4)
-    kernel, values, options = next(c for c in kernels_ptx.capture(call) if c[0].__name__ == "_mla_decode_hopper")
-    info, sass = kernel_sass.assemble(kernels_ptx.compile_kernel(kernel, values, options).asm["ptx"])
-    rows[values["SEQS_PAD"]] = {{**info, **kernel_sass.hot_loop(sass)}}
-print(json.dumps(rows))
-"""
-
-
-def compiled_in_a_child(child, tmp_path):
-    """Run a CHILD script (compiled for sm_90, a fresh Triton cache) and read the JSON it prints last."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    code = child.format(root=str(ROOT), scripts=str(ROOT / "scripts"))
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
-def test_the_tile_loop_never_touches_local_memory(tmp_path):
-    rows = compiled_in_a_child(CHILD, tmp_path)
-    assert sorted(rows) == ["1024", "256", "64"], rows
-    for pad, row in rows.items():
-        # 36 score products (32 latent + 4 rope, n32) and 4 of P x V (n256) a tile; nothing spilled in the loop
-        assert (row["mma"], row["LDL"], row["STL"]) == (40, 0, 0), (pad, row)
 
 
 SEESAW_CHILD = """
