@@ -38,9 +38,8 @@ at 1K and 4K for 8, 32 and 256 sequences and on one long sequence (64K at 16 hea
 replays).
 
 --combine-programs-per-sm N times decode with its combine split until it has N programs a multiprocessor (the
-default's alternatives, side by side with a grid run at the default). --no-pdl launches every kernel without
-programmatic dependent launch (memcheck/kernels/dispatch.py PDL), the default's alternative. --decode-maxnreg N caps dense
-decode's registers (more programs a multiprocessor). --flush read empties L2 before each replay by reading 256 MB
+default's alternatives, side by side with a grid run at the default). --decode-maxnreg N caps dense decode's
+registers (more programs a multiprocessor). --flush read empties L2 before each replay by reading 256 MB
 rather than zeroing it (FLUSH: zeroing leaves dirty lines the timed kernels write back).
 """
 import argparse
@@ -1151,7 +1150,6 @@ def main():
                              f"({', '.join(SWEEPS)}), every one if none is")
     parser.add_argument("--families", nargs="+", choices=sorted(FAMILY_KEYS), metavar="FAMILY",
                         help=f"--grid runs only these kernel families ({', '.join(FAMILY_KEYS)})")
-    parser.add_argument("--no-pdl", action="store_true", help="no programmatic dependent launch (memcheck/kernels/dispatch.py)")
     parser.add_argument("--decode-maxnreg", type=int, metavar="N",
                         help="dense decode's register cap (memcheck/kernels/decode.py DEFAULT_CONFIG maxnreg; default none: "
                              "ptxas's 125-126, 4 programs a multiprocessor)")
@@ -1175,8 +1173,6 @@ def main():
         require_gpu("kernels_h200.py", has_dry_run=True)
     os.makedirs(args.out, exist_ok=True)
     FLUSH = args.flush
-    if args.no_pdl:
-        dispatch.PDL = False
     if args.decode_maxnreg is not None:
         decode.DEFAULT_CONFIG["maxnreg"] = args.decode_maxnreg
     if args.combine_programs_per_sm is not None:
@@ -1194,8 +1190,7 @@ def main():
                         "mla_few_heads_hopper": mla.FEW_HEADS_HOPPER_CONFIG,
                         "mla_mid_heads": mla.MID_HEADS_CONFIG, "mla_many_heads": mla.MANY_HEADS_CONFIG,
                         "mla_prefill": mla.PREFILL_CONFIG, "mla_mha_prefill": mla_mha.CONFIG,
-                        "prefill": prefill.CONFIG, "combine_programs_per_sm": work_split.COMBINE_PROGRAMS_PER_SM,
-                        "pdl": dispatch.PDL}, "flush": FLUSH}
+                        "prefill": prefill.CONFIG, "combine_programs_per_sm": work_split.COMBINE_PROGRAMS_PER_SM}, "flush": FLUSH}
     log("env", json.dumps(env))
     torch.manual_seed(0)
     if args.grid:

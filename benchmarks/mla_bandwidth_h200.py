@@ -14,7 +14,7 @@ copy, bytes read and written). "read": the cache's bytes read once, contiguous, 
 many cache bytes as the MLA cell beside them.
 
 Variants (MLA): "seesaw" the default (memcheck/kernels/mla.py
-on sm_90: memcheck/kernels/mla_seesaw.py), "seesaw-cp" its tiles by cp.async,
+on sm_90: memcheck/kernels/mla_seesaw.py),
 "triton" memcheck/kernels/mla.py's _mla_decode (16 and 32 heads only: its 16- and 32-head blocks run no padded rows).
 """
 import argparse
@@ -37,7 +37,6 @@ STEP_BYTES = 640e6  # a timed graph holds layers of at least this many bytes tog
 SEESAW = mh.SEESAW
 VARIANTS = {
     "seesaw": SEESAW,
-    "seesaw-cp": {**SEESAW, "tma_loads": False},
     "triton": None,  # mla.decode_config(heads) with hopper off
 }
 # (heads, batch, context): 16 heads (V2-Lite; V2/V3 over 8 ranks), 32 (over 4), 64 (over 2)

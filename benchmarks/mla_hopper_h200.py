@@ -34,30 +34,9 @@ def triton_config(heads):
     return {**mla.decode_config(heads), "hopper": False}
 
 
-# the Gluon kernels checked and timed beside Triton's (the default first). Tried and dropped: "overlap" (2026-12-02
-# run-2), mla_hopper's next scores queued behind this tile's P x V, 1.04-1.08x slower; "prefetch" (run-9), cache rows
-# pulled into L2 (cp.async.bulk.prefetch.L2) 2 or 4 tiles ahead of their copies, 1.2-1.5x slower; the same a cache
-# block at a time (one thread a block), the tile itself or 2 on as a partition copies its half of it (449a542,
-# 2026-12-04 ab1-halves-l2): 0.96-1.04x and 1.02-1.20x the time. Dropped: "seesaw-fusedN" (044a15f,
-# 2026-12-04 fused-merge), the last program of a sequence cut into at most N ranges merging it (tickets), 1.05-2.7x
-# slower; "seesaw-own-first" against LEFT_FIRST (ce2e263, 2026-12-04 left-first-a/b), partition 1's scores begun on
-# the tile's left half, which partition 0 reloads: 1.00-1.03x the time in both orders (128h b256 x 4K 545.0 / 549.9
-# and 537.6 / 552.4 us), the halves land together.
-# Dropped: "seesaw-unlean" against LEAN (019213d, 2026-12-04 lean-chunks), the softmax's scale folded into the
-# exponentials' FMA, the mask only on the last tile, no proxy fence after TMA waits: 0.98-1.03x, within the default's
-# own first-to-last spread; "seesaw-c2" / "-c4" (same run), a barrier a chunk of 128 / 64 columns of each tile half
-# with the scores begun chunk by chunk (FlashMLA's 9 barriers a buffer): 1.01-1.08x and 1.10-1.22x the time (a TMA
-# copy and partition barrier a chunk a 16-token block).
-# Dropped: a TMA tile half's block numbers loaded together before its first copy (75dec9a; mla_bandwidth_h200.py, 16-64
-# heads, 151 MB-1.2 GB): 0.99-1.02x the time, the copies' waits were never the block table's round trips.
-# "seesaw-tma" / "seesaw-cp": the seesaw's tiles copied by TMA / by cp.async (memcheck/kernels/mla_seesaw.py TMA_LOADS);
-# "seesaw-f32": float32 partials, stored from the accumulators' layout (bf16 outputs staged, WIDE_STORE);
-# "seesaw-narrow": the default before 2026-12-04's wide-bf16 runs, float32 partials and every store from the
-# accumulators' layout. "seesaw-again": the default once more, listed last, so that a drift of the machine within
-# the run shows.
-VARIANTS = {"seesaw": SEESAW, "seesaw-f32": {**SEESAW, "partials": "float32"},
-            "seesaw-tma": {**SEESAW, "tma_loads": True}, "seesaw-cp": {**SEESAW, "tma_loads": False},
-            "seesaw-narrow": {**SEESAW, "partials": "float32", "wide_store": False}, "seesaw-again": SEESAW}
+# the seesaw checked and timed beside Triton's; seesaw-again: the default once more, listed last, so that a drift of
+# the machine within the run shows (what was tried and dropped: docs/kernel-decisions.md)
+VARIANTS = {"seesaw": SEESAW, "seesaw-again": SEESAW}
 # heads, sequence lengths, cache block size, grid (None: the kernel's own)
 CHECKS = [
     (128, [1, 17, 64, 65, 1000, 4097], 16, None),

@@ -31,17 +31,9 @@ from memcheck.kernels import mla_mha, prefill, reference  # noqa: E402
 BOUND = grid.BF16_BOUND  # relative error of a bf16 output against the float32 reference
 HOPPER = {"hopper": True}
 TRITON = {"hopper": False}
-# the Gluon configs checked and timed beside Triton's (the default first). run-2: OVERLAP (FlashAttention-3's
-# intra-warpgroup pipelining) 1.01-1.22x faster than without on the 5 dense cells, a third stage 0.97-1.06x more.
-# The default is persistent up to 8K new tokens (run-5); per_item forces one program an item. narrow: the output
-# stored from the accumulators (WIDE_STORE off). hopper-again: the default once more, last, so that a drift of the
-# machine within the run shows. Dropped: pingpong (FlashAttention-3's ping-pong consumers; with WIDE_STORE, 2026-12-04
-# *_pingpong: level with the default's own first and last times on all 6 cells; before it, session 21's run-6).
-# Dropped on 2026-12-04 (*_schedule-1, -2, 3 rounds alternately): k_first (an item's first key tile before its
-# query) and split_q (a query half and barrier pair a consumer), alone or together level or mixed (-3% to +5%);
-# peeled (the tile loop split at the mask) 1.2-1.3x the time; fma_scale became the kernel's one way (2-4% faster).
-VARIANTS = {"hopper": HOPPER, "per_item": {**HOPPER, "hopper_persistent": False},
-            "narrow": {**HOPPER, "hopper_wide_store": False}, "hopper-again": HOPPER}
+# the Gluon kernel checked and timed beside Triton's; hopper-again: the default once more, last, so that a drift of the
+# machine within the run shows (what was tried and dropped: docs/kernel-decisions.md)
+VARIANTS = {"hopper": HOPPER, "hopper-again": HOPPER}
 TIMED = dict(VARIANTS)  # the variants this run checks and times (--variants)
 ROUNDS = 1
 # (query heads, KV heads, [(sequence length, new tokens)], cache block size, dtype, tiles_first)

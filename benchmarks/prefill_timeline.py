@@ -69,8 +69,7 @@ def run_cell(name, variant, gen):
     buf.zero_()
     row["on_us"] = grid.bench_graph(build["with_config"]({**cfg, "stamps": buf}), replays) * 1e3
     tiles = -(-c.new // prefill_hopper.BLOCK_M)  # query tiles a sequence
-    _, rounds = prefill_hopper.rounds_of(tiles * c.q_heads * c.batch, tiles,
-                                         cfg.get("hopper_persistent", prefill_hopper.PERSISTENT), torch.device("cuda"))
+    _, rounds = prefill_hopper.rounds_of(tiles * c.q_heads * c.batch, tiles, torch.device("cuda"))
     row.update(timeline(*items(buf.cpu()), rounds))
     return row
 

@@ -105,7 +105,7 @@ def _decode(
     pid = tl.program_id(0)
     if STAMPS:
         stamp(stamps_ptr, pid, 0)
-    if PDL:  # launched early (dispatch.PDL): everything read here may come from the kernel before
+    if PDL:  # launched early (dispatch.launches_early): everything read here may come from the kernel before
         gdc_wait()
     if STAMPS:
         stamp(stamps_ptr, pid, 1)

@@ -5,18 +5,6 @@ import os
 
 
 MAX_PROGRAMS_PER_SM = 32  # resident blocks per multiprocessor on sm_80/sm_90: a one-wave grid's cap
-# Programmatic dependent launch (sm_90 on): a kernel launched so may start while the one before it in the stream
-# drains, and waits (griddepcontrol.wait) before it reads what that one wrote. Decode's two short kernels a layer
-# (the attention, then the combine of its partials) lose the launch latency between them: 0.3-0.6 us a layer on one
-# sequence on the H200, the median decode cell unchanged (kernels_h200_2026-12-02_*_grid-19 against grid-19-no-pdl).
-# The MLA seesaw (Gluon) too, behind the last layer's combine: 0.96-0.99x the time on the MLA cells under 30 us, 128h
-# b1 x 32K 34.0 -> 33.4 us, where the unchanged dense cells read 0.99-1.01x between the two starts
-# (kernels_h200_2026-12-04_*_pdl-seesaw against *_combine-wide).
-# Not also signalled early (griddepcontrol.launch_dependents at each program's start, so that the next kernel launches
-# while this one drains): the small decode cells 1.03-1.18x the time, MLA 128h b1 x 32K 33.4 -> 39.4 us, dense GQA
-# 28/4 b32 x 1K 29.2 -> 31.7 (kernels_h200_2026-12-04_*_pdl-trigger against *_pdl-seesaw, same start; e371455).
-# False launches as before.
-PDL = True
 
 
 def use_triton(t) -> bool:
@@ -52,8 +40,11 @@ def on_hopper(device) -> bool:
 
 
 def launches_early(device) -> bool:
-    """Whether kernels on this device take programmatic dependent launch (PDL on, a CUDA GPU of sm_90 or later)."""
-    return PDL and compute_capability(device)[0] >= 9
+    """Whether kernels on this device take programmatic dependent launch (a CUDA GPU of sm_90 or later): a kernel so
+    launched may start while the one before it drains, and waits (griddepcontrol.wait) before it reads what that one
+    wrote; decode's attention and combine lose the launch latency between them (0.3-0.6 us a layer). They do not
+    signal early (launch_dependents at their start): small decode layers were 1.03-1.18x slower."""
+    return compute_capability(device)[0] >= 9
 
 
 def pdl_options(early: bool) -> dict:

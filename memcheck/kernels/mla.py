@@ -64,7 +64,7 @@ MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block"
 # (0.0018 float32; bound 0.01). Unstaged it was no faster
 # (mla_hopper_h200_2026-12-03_*_run-13: b32 x 1K 45.0 -> 46.8): 4 bytes a thread in 8 rows, half sectors.
 MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
-                     "split_tail": True, "hopper": True, "partials": "bfloat16"}
+                     "split_tail": True, "hopper": True}
 # Up to 32 heads where the seesaw runs (an sm_90 GPU): one 64-head block, the rows past the last head masked (at 16
 # heads 4x the products, still under the latent's bytes on the H200: 64 rows x 1088 x 2 FLOP a 1152-byte row, 121 FLOP a
 # byte against 165) and one partial a program of its heads' rows only (16: 32 KiB), not three. Against _mla_decode's
@@ -273,8 +273,8 @@ def decode_config(num_heads: int, hopper: bool = False) -> dict:
 
 
 def _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads) -> bool:
-    """Whether a Gluon kernel (memcheck/kernels/mla_seesaw.py, or memcheck/kernels/mla_hopper.py with seesaw off) runs this call:
-    asked for (config hopper), their tiles, a GPU and shapes they run."""
+    """Whether the Gluon seesaw (memcheck/kernels/mla_seesaw.py) runs this call: asked for (config hopper), its tiles, a
+    GPU and shapes it runs."""
     return (mla_seesaw is not None and cfg.get("hopper", False)
             and (cfg["head_block"], cfg["block_n"]) == (mla_seesaw.HEAD_BLOCK, mla_seesaw.BLOCK_N)
             and mla_seesaw.supported(q_latent, q_pe, latent_cache, num_heads))
@@ -282,11 +282,9 @@ def _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads) -> bool:
 
 def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, out=None, config=None,
                num_programs=None):
-    """MLA decode: Triton's _mla_decode, or a Gluon kernel on Hopper. out: a buffer to write (tests poison it); config
-    (block_n, num_warps, num_stages, head_block, maxnreg, min_tiles, split_tail, hopper: a Gluon kernel where it runs,
-    seesaw: memcheck/kernels/mla_seesaw.py, else memcheck/kernels/mla_hopper.py; tma_loads, wide_store: the seesaw's TMA_LOADS,
-    WIDE_STORE; partials: the Gluon kernels' dtype) and num_programs override the tuned defaults
-    (decode_config) and the grid."""
+    """MLA decode: Triton's _mla_decode, or the Gluon seesaw (memcheck/kernels/mla_seesaw.py) on Hopper. out: a buffer
+    to write (tests poison it); config (block_n, num_warps, num_stages, head_block, maxnreg, min_tiles, split_tail,
+    hopper: the seesaw where it runs) and num_programs override the tuned defaults (decode_config) and the grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]
     _, block_size, width = latent_cache.shape
@@ -299,11 +297,9 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     if num_seqs == 0:
         return out
     if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads):
-        gluon_cfg = dict(min_tiles=cfg["min_tiles"], num_programs=num_programs,
-                         partials=getattr(torch, cfg.get("partials", "float32")), stamps=stamps.buffer(cfg))
         return mla_seesaw.mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E,
-                                            out, tma_loads=cfg.get("tma_loads", mla_seesaw.TMA_LOADS),
-                                            wide_store=cfg.get("wide_store", mla_seesaw.WIDE_STORE), **gluon_cfg)
+                                            out, min_tiles=cfg["min_tiles"], num_programs=num_programs,
+                                            stamps=stamps.buffer(cfg))
     if stamps.buffer(cfg) is not None:
         raise ValueError("config stamps: only the Gluon decode kernels (sm_90, hopper) write time stamps, not "
                          "_mla_decode")

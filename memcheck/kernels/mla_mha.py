@@ -292,7 +292,7 @@ def _launch(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, out, lse, scale, window_
                                          q_nope.device)
         prefill_hopper.mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_k, scale * LOG2E, grid, tiles_first,
                                           out, lse, (window_start, window_end),
-                                          **prefill_hopper.options(cfg, prefill_hopper.MLA_STAGES))
+                                          stamps=cfg.get("stamps"))
         return
     k_nope, v = kv[..., :nope], kv[..., nope:]
     grid, tiles_first = prefill_grid(max_q_len, cfg["block_m"], heads, num_seqs, cfg["tiles_first"], q_nope.device)

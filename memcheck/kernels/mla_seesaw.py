@@ -47,21 +47,10 @@ from .work_split import RUN_TIME_INTS, merge_partials
 
 HEAD_BLOCK, BLOCK_N = 64, 64
 PART_WARPS, WORKER_REGS = 4, 240
-# TMA_LOADS: each partition's halves of the cache's tiles copied by TMA (one thread, a box a cache block) instead of
-# cp.async by all its 128 threads (a tile half's 20 copies a thread and their addresses, ~0.2 us of a 2.1 us tile at
-# 128 heads: mla_hopper_h200_2026-12-03_*_diag-loads), but for a sequence's last tile (_load_half). On an H200, same
-# start (mla_hopper_h200_2026-12-04_*_tma): 0.89-1.00x the time on 12 cells, 128h b256 x 4K 592 -> 549 us (1.45x ->
-# 1.35x of the floor), b32 x 1K 40.2 -> 37.5, 16h b128 x 32K 1303 -> 1162 (1.16x -> 1.03x); 14 of 14 checks with every
-# unheld cache slot NaN.
-TMA_LOADS = True
-# WIDE_STORE: a segment's bf16 output or partial (memcheck/kernels/mla.py's default partials) staged in shared memory, in the
-# partition's own half of its own buffer, and stored 16 bytes a thread, a warp's store one 512-byte row, instead of from
-# the wgmma accumulator's layout (4 bytes a thread in 8 rows: half sectors; the prefill's output lost 1.5-2.6 us an
-# item to that pattern, 0.8 with its wide store: kernels_h200_2026-12-03_notes.md, session 21). float32 partials are
-# stored as before, 8 bytes a thread (whole sectors): staged whole (64 KiB a partition, the half-tile layout of the
-# loads moved for it) they were 1.06-1.08x slower on small batches (mla_hopper_h200_2026-12-04_*_wide-store: 128h
-# b32 x 1K 37.8 -> 40.2 us).
-WIDE_STORE = True
+# A partition's tile halves are copied by TMA (one thread, a box a cache block), not cp.async by all its 128 threads (~0.2
+# us of a 2.1 us tile at 128 heads in addresses), but for a sequence's last tile (_load_half): 128h b256 x 4K 1.08x faster.
+# Outputs and bf16 partials are staged in the partition's half of its own buffer and stored 16 bytes a thread, a warp's
+# store one 512-byte row (_store_wide), not from the wgmma accumulators' layout (4 bytes a thread in 8 rows: half sectors).
 SMEM_LAYOUT = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 PART_WARPS_C = gl.constexpr(PART_WARPS)
 WORKER_REGS_C = gl.constexpr(WORKER_REGS)
@@ -178,28 +167,6 @@ def _publish_p(s, m, l, m_slot, p_slot, published):
 
 
 @gluon.jit
-def _store_segment(o, m, l, rows_o: gl.constexpr, whole, x, first, seq, head_block, o_rows, o_cols, out_ptr,
-                   part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, HEADS: gl.constexpr,
-                   NUM_HEADS: gl.constexpr, RANK: gl.constexpr, STORE_LSE: gl.constexpr):
-    """A segment's output o (its columns o_cols): the sequence's answer in bf16 if the segment is all of it, else a
-    float32 partial with its log-sum-exp m + log2(l) (l in layout rows_o), slot 0 for the range's first sequence and 1
-    for its last (work_split.store_range_result). Partials hold min(HEADS, NUM_HEADS) rows: one long sequence
-    writes a partial a program, and 16 heads' are a quarter of a 64-head block's 128 KiB."""
-    if whole:
-        heads = head_block * HEADS + o_rows
-        o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head
-        gl.store(o_ptrs + o_cols[None, :], o.to(gl.bfloat16), mask=(heads < NUM_HEADS)[:, None])
-    else:
-        PART_ROWS: gl.constexpr = HEADS if NUM_HEADS > HEADS else NUM_HEADS
-        at = partial_row(x, first, PART_ROWS) + o_rows
-        held = o_rows < PART_ROWS
-        gl.store(part_out_ptr + at[:, None] * RANK + o_cols[None, :], o.to(part_out_ptr.dtype.element_ty),
-                 mask=held[:, None])
-        if STORE_LSE:
-            gl.store(part_lse_ptr + at, gl.convert_layout(m, rows_o) + gl.log2(l), mask=held)
-
-
-@gluon.jit
 def _seesaw_partition(
     ME: gl.constexpr, smem, bars,
     q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr, part_out_ptr, part_lse_ptr, stamps_ptr,
@@ -208,7 +175,7 @@ def _seesaw_partition(
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    descs, TMA: gl.constexpr, WIDE: gl.constexpr, PDL: gl.constexpr,
+    descs, TMA: gl.constexpr, PDL: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
     HALF: gl.constexpr = RANK // 2
@@ -225,7 +192,7 @@ def _seesaw_partition(
     STAMP: gl.constexpr = STAMPS and ME == 0  # memcheck/kernels/stamps.py, by partition 0
     if STAMP:
         stamp_gluon(stamps_ptr, gl.program_id(0), 0)
-    if PDL:  # launched early (dispatch.PDL): the sequence lengths, the query and the cache read only past this
+    if PDL:  # launched early (dispatch.launches_early): the sequence lengths, the query and the cache read only past this
         gdc_wait_gluon()
     if STAMP:
         stamp_gluon(stamps_ptr, gl.program_id(0), 1)
@@ -351,21 +318,17 @@ def _seesaw_partition(
         l_all = gl.convert_layout(l + l_s.index(par + 1 - ME).load(rows_s), rows_o)
         whole = (t_first == 0) & (count == n)
         o = acc / l_all[:, None]
-        if WIDE and whole:  # staged in v_own: both are done with it (the exchange above), and only this partition
+        if whole:  # staged in v_own: both are done with it (the exchange above), and only this partition
             # loads it next (its half of its own buffer)
             _store_wide(o.to(gl.bfloat16), v_own, out_ptr + seq * stride_o_seq + head_block * HEADS * stride_o_head
                         + ME * HALF, stride_o_head, NUM_HEADS - head_block * HEADS, PART_WARPS_C)
-        elif WIDE and part_out_ptr.dtype.element_ty == gl.bfloat16:
-            PART_ROWS: gl.constexpr = HEADS if NUM_HEADS > HEADS else NUM_HEADS  # as _store_segment
+        else:  # a bf16 partial, and its float32 log-sum-exp; partials of min(HEADS, NUM_HEADS) rows
+            PART_ROWS: gl.constexpr = HEADS if NUM_HEADS > HEADS else NUM_HEADS
             at = partial_row(x, first, PART_ROWS)
             _store_wide(o.to(gl.bfloat16), v_own, part_out_ptr + at * RANK + ME * HALF, RANK, PART_ROWS, PART_WARPS_C)
             if ME == 0:  # one log-sum-exp
                 gl.store(part_lse_ptr + at + o_rows, gl.convert_layout(m, rows_o) + gl.log2(l_all),
                          mask=o_rows < PART_ROWS)
-        else:
-            _store_segment(o, m, l_all, rows_o, whole, x, first, seq, head_block, o_rows, o_cols, out_ptr,
-                           part_out_ptr, part_lse_ptr, stride_o_seq, stride_o_head, HEADS, NUM_HEADS, RANK,
-                           ME == 0)  # one log-sum-exp, partition 0's
         segments += 1
         x = seg_end
     if STAMP:
@@ -383,7 +346,7 @@ def _mla_decode_seesaw(
     lat_desc, pe_desc,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    TMA: gl.constexpr, WIDE: gl.constexpr, PDL: gl.constexpr,
+    TMA: gl.constexpr, PDL: gl.constexpr,
 ):
     smem_layout: gl.constexpr = SMEM_LAYOUT  # the TMA descriptors' too
     flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -413,63 +376,51 @@ def _mla_decode_seesaw(
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, PDL)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, PDL)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, WIDE, PDL)),
+                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, PDL)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 
-def launch(kernel, num_warps, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-           num_programs=None, partials=torch.float32, stamps=None, **extra):
-    """Launch a 64-head-block decode kernel of this file's arguments, tile line and partials (mla_hopper's or
-    mla_seesaw's) over one wave (one program a multiprocessor: ~216 KiB of shared memory each), then merge the
-    partials. qk_scale: the softmax scale times log2(e); stamps: memcheck/kernels/stamps.py's buffer, or None; extra: the
-    kernel's own further arguments, by name."""
+def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
+                      num_programs=None, stamps=None):
+    """Decode over one wave (one program a multiprocessor: ~216 KiB of shared memory each), then the partials merged
+    (work_split.merge_partials), both launched with programmatic dependent launch where dispatch.launches_early says
+    so. The cache's tiles are copied by TMA where its blocks allow (tma_loads_fit), else by cp.async. qk_scale: the
+    softmax scale times log2(e); stamps: memcheck/kernels/stamps.py's buffer, or None."""
     num_seqs, num_heads, rank = q_latent.shape
     units = -(-num_heads // HEAD_BLOCK)  # the last block masked where heads are fewer (16: V2-Lite)
     if num_programs is None:
         num_programs = sm_count(q_latent.device)
     num_programs = units * max(1, num_programs // units)  # whole ranges per head block
-    # ptxas rematerializes in mla_hopper's tile loop at 16 and 32 padded sequences (725 instructions a tile, not 552;
-    # with the run-3 code it spilled there: 55 local loads a tile at 16), not from 64 to 1024
-    seqs_pad = max(64, next_pow2(num_seqs))
-    rows = min(HEAD_BLOCK, num_heads)  # a partial's rows (_store_segment's PART_ROWS)
-    part_out = torch.empty(num_programs * 2 * rows * rank, device=q_latent.device, dtype=partials)
+    seqs_pad = max(64, next_pow2(num_seqs))  # ptxas rematerializes in the tile loop at 16 and 32
+    rows = min(HEAD_BLOCK, num_heads)  # a partial's rows (PART_ROWS)
+    part_out = torch.empty(num_programs * 2 * rows * rank, device=q_latent.device, dtype=torch.bfloat16)
     part_lse = torch.empty(num_programs * 2 * rows, device=q_latent.device, dtype=torch.float32)
     assert stamps is None or stamps.numel() >= num_programs * SLOTS
-    kernel[(num_programs,)](
+    tma_loads = tma_loads_fit(latent_cache)
+    lat_desc = pe_desc = latent_cache  # unused without TMA
+    if tma_loads:  # the cache as [tokens, 576] rows, a box a cache block (a tile's at most): half the latent, the rope
+        flat = latent_cache.view(-1, latent_cache.shape[-1])
+        box = min(latent_cache.shape[1], 64)
+        lat_desc, pe_desc = (TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [box, cols],
+                                             SMEM_LAYOUT.value)
+                             for cols in (q_latent.shape[-1] // 2, q_pe.shape[-1]))
+    _mla_decode_seesaw[(num_programs,)](
         q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
         part_lse if stamps is None else stamps, qk_scale, num_seqs, num_programs,
         q_latent.stride(0), q_latent.stride(1), q_pe.stride(0), q_pe.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
+        lat_desc, pe_desc,
         NUM_HEAD_BLOCKS=units, NUM_HEADS=num_heads, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1],
-        SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, STAMPS=stamps is not None, num_warps=num_warps, **extra)
+        SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, STAMPS=stamps is not None, TMA=tma_loads, num_warps=PART_WARPS,
+        **pdl_options(launches_early(q_latent.device)))
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=rows,
-                   head_dim=rank, block_n=BLOCK_N, min_tiles=min_tiles, align=True)  # as _program_range
+                   head_dim=rank, block_n=BLOCK_N, min_tiles=min_tiles, align=True)  # as program_range
     return out
-
-
-def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, partials=torch.bfloat16, stamps=None, tma_loads=TMA_LOADS,
-                      wide_store=WIDE_STORE):
-    """Decode with the seesaw kernel (mla_hopper.launch: the same arguments, tile line and partials), launched with
-    programmatic dependent launch where dispatch.launches_early says so. tma_loads: the cache's tiles copied by TMA
-    where its blocks allow (tma_loads_fit), else by cp.async; wide_store: WIDE_STORE."""
-    tma_loads = tma_loads and tma_loads_fit(latent_cache)
-    lat_desc = pe_desc = latent_cache  # unused without TMA
-    if tma_loads:  # the cache as [tokens, 576] rows, a box a cache block (a tile's at most): half the latent, the rope
-        flat = latent_cache.view(-1, latent_cache.shape[-1])
-        rows = min(latent_cache.shape[1], 64)
-        lat_desc, pe_desc = (TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, cols],
-                                             SMEM_LAYOUT.value)
-                             for cols in (q_latent.shape[-1] // 2, q_pe.shape[-1]))
-    return launch(_mla_decode_seesaw, PART_WARPS, q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out,
-                  min_tiles=min_tiles, num_programs=num_programs, partials=partials, stamps=stamps,
-                  TMA=tma_loads, WIDE=wide_store, lat_desc=lat_desc, pe_desc=pe_desc,
-                  **pdl_options(launches_early(q_latent.device)))
 
 
 def tma_loads_fit(latent_cache) -> bool:

@@ -193,7 +193,7 @@ def paged_prefill(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scal
                                          q.device)
         return prefill_hopper.paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens,
                                                    scale * LOG2E, grid, tiles_first, out,
-                                                   **prefill_hopper.options(cfg, prefill_hopper.STAGES))
+                                                   stamps=cfg.get("stamps"))
     heads_per_token = 1 if cfg["one_head_per_program"] else next_pow2(group)
     block_q = max(1, cfg["rows"] // heads_per_token)
     grid, tiles_first = prefill_grid(max_q_len, block_q, num_q_heads if heads_per_token == 1 else num_kv_heads,

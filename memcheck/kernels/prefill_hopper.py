@@ -9,7 +9,7 @@ value tiles with TMA: a 128-key tile of the paged cache is gathered block by blo
 tokens), of contiguous keys in one box, signalled on the stage's `k_ready` and `v_ready` mbarriers as the bytes
 land. The consumers never load: each scores its rows against the tile, runs the online softmax, and multiplies P
 (kept in registers) by the values; a stage's keys are freed once both have scored them (`k_free`), its values once
-both have used them (`v_free`). With OVERLAP (FlashAttention-3's intra-warpgroup pipelining) a consumer issues tile
+both have used them (`v_free`). With FlashAttention-3's intra-warpgroup pipelining a consumer issues tile
 i's scores before tile i - 1's P x V and computes tile i's exponentials while that runs; the two consumers drift
 apart, so one's softmax also runs under the other's products. The MLA form scores 192-wide rows as two products (the
 per-head 128 nope columns, the 64 rope columns every head shares).
@@ -38,31 +38,18 @@ CONSUMER_WARPS, PRODUCER_WARPS = 4, 1
 # 12 warps (the producer's warpgroup counted whole): 168 registers a thread on average fill the multiprocessor's 64K.
 # The producer gets the minimum, the second consumer 240, the first (the default partition) what is left: 240.
 MAXNREG, CONSUMER_REGS, PRODUCER_REGS = 168, 240, 24
-# Key and value tiles in flight: dense, 3 x 64 KiB and the query tile, 224 KiB of shared memory; MLA, 2 x 80 KiB and
-# its 48 KiB query tile. OVERLAP: _consumer's. On an H200 (prefill_hopper_h200_2026-12-02_*_run-2) OVERLAP took issue
-# 14's five dense cells 1.01-1.22x faster at 2 stages, and the third stage 0.97-1.06x more.
-STAGES, MLA_STAGES, OVERLAP = 3, 2, True
-# WIDE_STORE: the output goes from the accumulators to the consumer's query half in shared memory and back in rows,
-# stored 16 bytes a thread, two whole rows a warp's store, where the accumulators' layout stores 4 bytes a thread over 8
-# rows (prefill_timeline run-1: 1.8-2.6 us an item from the last product to the stores issued, of ~3.6 fixed). The
-# query half is then freed after the output, not after the last scores (its next load waits on that). It needs the
-# output's dtype and width to be the query's (the query half holds it): otherwise stored from the accumulators.
-WIDE_STORE = True
+# Key and value tiles in flight: dense 3 x 64 KiB and the query tile (224 KiB of shared memory); MLA 2 x 80 KiB and its
+# 48 KiB query tile. The third dense stage: 0.97-1.06x the time of two.
+STAGES, MLA_STAGES = 3, 2
 # Time stamps (a diagnostic, off unless a launch passes a buffer: benchmarks/prefill_timeline.py): the first consumer
 # writes, for each of its program's items (row: program x rounds + round), the global timer when it turns to the item,
 # when its query has landed, its first scores are in, its last P x V is done, its output is stored, and the item's
 # key tiles.
 STAMP_NAMES = ("turned", "query", "first scores", "last product", "stored", "tiles")
 STAMP_WIDTH = gl.constexpr(len(STAMP_NAMES))
-# Persistent (_launch): one program a multiprocessor taking items in rounds, where no prompt has more than
-# PERSISTENT_UP_TO new tokens (None: that rule; True/False: always/never). On an H200 (prefill_hopper_h200_2026-12-02_*
-# _run-5) persistent against one program an item: up to 8K new tokens 1.01-1.22x faster (8 x 2K 0.643 -> 0.525 ms),
-# at 32K 0.77-0.93x (MLA 16h 8.8 -> 11.5 ms): programs that launch in step read the same keys from L2, dealt ones
-# drift apart over long key ranges.
-PERSISTENT, PERSISTENT_UP_TO = None, 8192
-# The softmax scale goes into the exponent's operand, exp2(s x scale - max), one FFMA an element, the row max taken
-# of the unscaled scores and scaled once (61 fewer instructions in the dense tile loop): 2-4% faster on all 6 cells
-# timed (prefill_hopper_h200_2026-12-04_*_schedule-1, 3 rounds alternately; 8 x 2K 0.492 -> 0.473 ms).
+# One program a multiprocessor taking items in rounds where no prompt has more than this many new tokens (8 x 2K: 1.22x
+# faster than one program an item); above, one program an item: programs launched in step read the same keys from L2.
+PERSISTENT_UP_TO = 8192
 WARPS_C, REGS_C = gl.constexpr([CONSUMER_WARPS, PRODUCER_WARPS]), gl.constexpr([CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -290,11 +277,11 @@ def _values(acc, p, v_s, v_ready, c, rest, p_regs: gl.constexpr, ld: gl.constexp
 
 @gluon.jit
 def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head,
-              stride_lse_tok, qk_scale, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, OVERLAP: gl.constexpr,
+              stride_lse_tok, qk_scale, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr,
               WINDOWED: gl.constexpr, stamps_ptr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr):
     """For each item, rows ME x 64 .. + 63 of its query tile: the online softmax over its key tiles (tile i: the
     sequence's tokens t_base + i x 128 ..), then the output (WINDOWED: with each row's log2-sum-exp, -inf where it saw
-    no key). OVERLAP: tile i's scores issued before tile i - 1's P x V, its exponentials computed while that runs."""
+    no key). Tile i's scores are issued before tile i - 1's P x V, its exponentials computed while that runs."""
     q_s, qpe_s, k_s, kpe_s, v_s = smem
     q_ready, q_free, k_ready, v_ready, k_free, v_free = bars
     V_DIM: gl.constexpr = v_s.type.shape[2]
@@ -330,7 +317,7 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
             mbarrier.wait(q_ready, items & 1)
             if STAMP:
                 stamp_gluon(stamps_ptr, stamp_row, 1, STAMP_WIDTH)
-            if OVERLAP and n_tiles > 0:
+            if n_tiles > 0:
                 s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, tiles, zeros, ROPE)])
                 if STAMP:
                     stamp_gluon(stamps_ptr, stamp_row, 2, STAMP_WIDTH)
@@ -358,21 +345,8 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
                 if STAMP:
                     stamp_gluon(stamps_ptr, stamp_row, 3, STAMP_WIDTH)
                 mbarrier.arrive(v_free.index(c % STAGES), count=1)
-            else:
-                if not OVERLAP:
-                    for i in range(n_tiles):
-                        c = tiles + i
-                        s = warpgroup_mma_wait(0, deps=[_scores(q_s, qpe_s, k_s, kpe_s, k_ready, ME, c, zeros,
-                                                                ROPE)])
-                        mbarrier.arrive(k_free.index(c % STAGES), count=1)
-                        p, m, alpha, l = _softmax_step(s, i, whole, t_base, q_pos, kv_end, qk_scale, m, l,
-                                                       WINDOWED)
-                        acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
-                        acc = warpgroup_mma_wait(0, deps=[_values(acc, p, v_s, v_ready, c, tokens - i * 128, p_regs,
-                                                                  ld)])
-                        mbarrier.arrive(v_free.index(c % STAGES), count=1)
-                if not WIDE_STORE:
-                    mbarrier.arrive(q_free, count=1)
+            elif not WIDE_STORE:
+                mbarrier.arrive(q_free, count=1)
 
             rows = row0 + gl.arange(0, 64, rows_o)
             tok = (q_start + rows).to(gl.int64)
@@ -411,14 +385,16 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
                     q_head_cols, qpe_head_cols, k_head_cols, v_head_cols, window_start, window_end,
                     num_items, num_tiles, num_units, num_seqs, tiles_first, stamps_ptr,
                     GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, ROPE: gl.constexpr, STAGES: gl.constexpr,
-                    OVERLAP: gl.constexpr, WINDOWED: gl.constexpr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr):
+                    WINDOWED: gl.constexpr, STAMPS: gl.constexpr, WIDE_STORE: gl.constexpr):
     """Items: (query tile, query head, sequence), num_items of them (_item), taken by the programs in rounds.
     BLOCK_SIZE > 0: keys and values in the paged cache (block_table_ptr), seq_lens_ptr each sequence's length.
     BLOCK_SIZE 0: contiguous keys, seq_lens_ptr the cumulative lengths (sequence i's keys are rows [cu[i], cu[i+1]).
     ROPE > 0: scores over q/k nope plus rope columns (qpe_desc, kpe_desc: the rope keys shared by every head).
     WINDOWED (contiguous keys): the keys and values hold the packed tokens [window_start, window_end) only; each row
     attends over its sequence's tokens there and writes its log-sum-exp to lse_ptr (mla_mha's context windows).
-    STAMPS: time stamps to stamps_ptr (STAMP_NAMES). WIDE_STORE: the output through the query's shared memory."""
+    STAMPS: time stamps to stamps_ptr (STAMP_NAMES). WIDE_STORE (where the output has the query's dtype and width): the
+    output through the query's shared memory, stored 16 bytes a thread (the accumulators' layout stores 4 bytes a
+    thread over 8 rows)."""
     q_s = gl.allocate_shared_memory(q_desc.dtype, [2, 64, q_desc.block_type.shape[1]], q_desc.layout)
     k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES, 128, k_desc.block_type.shape[1]], k_desc.layout)
     v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES, 128, v_desc.block_type.shape[1]], v_desc.layout)
@@ -447,54 +423,46 @@ def _prefill_hopper(q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table_ptr,
     order = (num_items, num_tiles, num_units, num_seqs, tiles_first)
     gl.warp_specialize([
         (_consumer, (0, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
-                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE)),
+                     qk_scale, BLOCK_SIZE, ROPE, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE)),
         (_consumer, (1, smem, bars, problem, order, out_ptr, lse_ptr, stride_o_tok, stride_o_head, stride_lse_tok,
-                     qk_scale, BLOCK_SIZE, ROPE, OVERLAP, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE)),
+                     qk_scale, BLOCK_SIZE, ROPE, WINDOWED, stamps_ptr, STAMPS, WIDE_STORE)),
         (_producer, ((q_desc, qpe_desc, k_desc, kpe_desc, v_desc), smem, bars,
                      (q_head_cols, qpe_head_cols, k_head_cols, v_head_cols), problem, order, block_table_ptr,
                      stride_bt_seq, GROUP, BLOCK_SIZE, ROPE, WINDOWED)),
     ], WARPS_C, REGS_C)
 
 
-def options(config, stages):
-    """The kernel's options from a caller's config (its hopper_* keys), `stages` where it names none."""
-    return {"stages": config.get("hopper_stages", stages), "overlap": config.get("hopper_overlap", OVERLAP),
-            "persistent": config.get("hopper_persistent", PERSISTENT), "stamps": config.get("stamps"),
-            "wide_store": config.get("hopper_wide_store", WIDE_STORE)}
-
-
-def rounds_of(items, tiles, persistent, device):
+def rounds_of(items, tiles, device):
     """(programs, rounds each) of a launch of `items` items of `tiles` query tiles a sequence."""
-    if persistent is None:
-        persistent = tiles * BLOCK_M <= PERSISTENT_UP_TO
+    persistent = tiles * BLOCK_M <= PERSISTENT_UP_TO
     programs = min(items, sm_count(device)) if persistent else items
     return programs, -(-items // programs)
 
 
 def _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first, group,
-            block_size, rope, stages, overlap, persistent, stamps=None, wide_store=WIDE_STORE, lse=None, window=(0, 0)):
-    """The kernel over prefill_grid's items (its grid and order): one program an item, or with `persistent` one a
+            block_size, rope, stages, stamps=None, lse=None, window=(0, 0)):
+    """The kernel over prefill_grid's items (its grid and order): one program an item, or (rounds_of) one a
     multiprocessor (shared memory holds one) taking items in rounds, the next item's query and first keys loaded
     under the last one's end. stamps: None, or int64 [programs x rounds, len(STAMP_NAMES)] at least (rounds_of)."""
     (q_desc, q_hc), (qpe_desc, qpe_hc), (k_desc, k_hc), (kpe_desc, _), (v_desc, v_hc) = descs
     tiles, units, seqs = grid if tiles_first else (grid[2], grid[0], grid[1])
     items = tiles * units * seqs
-    programs, _ = rounds_of(items, tiles, persistent, out.device)
+    programs, _ = rounds_of(items, tiles, out.device)
     assert stamps is None or stamps.dtype == torch.int64, "config stamps: an int64 tensor"
     _prefill_hopper[(programs,)](
         q_desc, qpe_desc, k_desc, kpe_desc, v_desc, block_table, cu_seqlens_q, seq_lens, out,
         out if lse is None else lse, qk_scale, block_table.stride(0) if block_table.dim() == 2 else 0,
         out.stride(0), out.stride(1), 0 if lse is None else lse.stride(0), q_hc, qpe_hc, k_hc, v_hc, *window,
         items, tiles, units, seqs, tiles_first, out if stamps is None else stamps,
-        GROUP=group, BLOCK_SIZE=block_size, ROPE=rope, STAGES=stages, OVERLAP=overlap,
+        GROUP=group, BLOCK_SIZE=block_size, ROPE=rope, STAGES=stages,
         WINDOWED=lse is not None, STAMPS=stamps is not None,
-        WIDE_STORE=wide_store and out.dtype == q_desc.base.dtype and out.shape[-1] == q_desc.block_shape[1],
+        WIDE_STORE=out.dtype == q_desc.base.dtype and out.shape[-1] == q_desc.block_shape[1],
         num_warps=CONSUMER_WARPS, maxnreg=MAXNREG)
     return out
 
 
 def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, qk_scale, grid, tiles_first, out,
-                         *, stages=STAGES, overlap=OVERLAP, persistent=PERSISTENT, stamps=None, wide_store=WIDE_STORE):
+                         *, stamps=None):
     """prefill.paged_prefill on this kernel (supported() must hold), over prefill.prefill_grid's grid of BLOCK_M-row
     query tiles by query heads by sequences. qk_scale: the softmax scale times log2(e)."""
     block_size = k_cache.shape[1]
@@ -503,12 +471,11 @@ def paged_prefill_hopper(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_len
     k_desc = _descriptor(_tokens(k_cache), box)
     descs = (q_desc, q_desc, k_desc, k_desc, _descriptor(_tokens(v_cache), box))  # no rope: its slots unused
     return _launch(grid, descs, block_table, cu_seqlens_q, seq_lens, out, qk_scale, tiles_first,
-                   q.shape[1] // k_cache.shape[2], block_size, 0, stages, overlap, persistent, stamps, wide_store)
+                   q.shape[1] // k_cache.shape[2], block_size, 0, STAGES, stamps)
 
 
 def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_scale, grid, tiles_first, out, lse=None,
-                       window=(0, 0), *, stages=MLA_STAGES, overlap=OVERLAP, persistent=PERSISTENT, stamps=None,
-                       wide_store=WIDE_STORE):
+                       window=(0, 0), *, stamps=None):
     """mla_mha's decompressed prefill (mla_supported() must hold): q_nope [T, H, 128] and q_pe [T, H, 64] of the new
     tokens, kv [C, H, 256] the context tokens' per-head keys (nope) then values, k_pe [C, 64] their rope keys,
     sequence i's token 0 at row cu_seqlens_k[i]; out [T, H, 128]. With lse [T, H], kv and k_pe hold the packed
@@ -516,4 +483,4 @@ def mla_prefill_hopper(q_nope, q_pe, kv, k_pe, cu_seqlens_q, cu_seqlens_k, qk_sc
     descs = (_descriptor(q_nope, HALF_M), _descriptor(q_pe, HALF_M), _descriptor(kv[..., :128], BLOCK_N),
              _descriptor(k_pe.unsqueeze(1), BLOCK_N), _descriptor(kv[..., 128:], BLOCK_N))
     return _launch(grid, descs, cu_seqlens_k, cu_seqlens_q, cu_seqlens_k, out, qk_scale, tiles_first, 1, 0,
-                   q_pe.shape[-1], stages, overlap, persistent, stamps, wide_store, lse, window)
+                   q_pe.shape[-1], MLA_STAGES, stamps, lse, window)

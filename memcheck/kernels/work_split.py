@@ -30,12 +30,6 @@ from .dispatch import launches_early, next_pow2, pdl_options, sm_count
 # benchmarks/results/triton_compiles_2026-12-01_nvidia-h200_cold-cache.jsonl). Not specialized: one variant each.
 RUN_TIME_INTS = ["num_seqs", "num_programs", "stride_bt_seq"]
 COMBINE_DIM_BLOCK = 64  # output columns per combine program: more programs, a small [rows, 64] tile
-# bf16 partials (the Gluon MLA kernels'): twice the columns, the same bytes a program, where that still leaves two
-# programs a multiprocessor and a step half a sequence's partials (many sequences of few ranges): on an H200 128 MLA
-# heads x 256 sequences of 1K 185.3 -> 174.8 us a layer (16,384 programs -> 8,192), x 32 of 1K 33.2 -> 32.0; at 8 of
-# 4K (J 4 -> 2 a step, more steps) 31.9 -> 32.4, so not there (benchmarks/combine_sweep_h200.py,
-# combine_sweep_h200_2026-12-04_*).
-COMBINE_WIDE_BF16 = True
 # Rows of a unit one combine program merges at most: MLA's 32- and 64-head blocks would hold a [J_BLOCK, rows, 64]
 # float32 tile of 128-256 registers a thread (ptxas: the 64-row combine spills), so their rows go to more programs.
 COMBINE_MAX_ROWS = 16
@@ -184,7 +178,7 @@ def combine_cut_units(
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
     ranges = line_ranges(num_programs, UNITS, total, MIN_TILES, tiles, ALIGN)
     n = tl.sum(tl.where(seqs == seq, tiles, 0), 0)
-    if PDL:  # launched early (dispatch.PDL): the attention kernel's partials and outputs are complete past this
+    if PDL:  # launched early (dispatch.launches_early): the attention kernel's partials and outputs are complete past this
         gdc_wait()
     rows = tl.program_id(1) % row_blocks * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
     heads = unit * ROWS + rows
@@ -278,7 +272,9 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
 
     while COMBINE_UNROLL_J < j_block() < wanted and dim_block > COMBINE_DIM_LEAST:
         dim_block //= 2
-    if (COMBINE_WIDE_BF16 and part_out.element_size() == 2 and dim_block == COMBINE_DIM_BLOCK < head_dim
+    # bf16 partials (the seesaw's): twice the columns, the same bytes a program, where that leaves two programs a
+    # multiprocessor and a step half a sequence's partials (128h x 256 sequences of 1K: 1.06x faster)
+    if (part_out.element_size() == 2 and dim_block == COMBINE_DIM_BLOCK < head_dim
             and programs() >= 4 * sm_count(out.device)
             and min(wanted, COMBINE_MAX_TILE // (row_block * 2 * dim_block)) >= wanted // 2):
         dim_block *= 2

@@ -17,20 +17,19 @@ sys.path[:0] = [{root!r}, {scripts!r}]
 import kernel_sass, kernels_ptx
 from memcheck.kernels import mla_seesaw
 rows = {{}}
-# 16: one block, 48 rows masked (V2-Lite); float32: partials as before WIDE_STORE's bf16 default
-for heads, tma, partials in ((128, True, "bfloat16"), (16, True, "bfloat16"), (128, False, "bfloat16"),
-                             (128, True, "float32")):
+# 16: one block, 48 rows masked (V2-Lite); cp.async: blocks with a gap after each, which TMA cannot copy a box each
+for heads, tma in ((128, True), (16, True), (128, False)):
     q = torch.randn(3, heads, 512, dtype=torch.bfloat16)
-    call = lambda: mla_seesaw.mla_decode_seesaw(q, torch.randn(3, heads, 64, dtype=torch.bfloat16),
-                                                torch.randn(24, 16, 576, dtype=torch.bfloat16),
+    cache = torch.randn(24, 16 if tma else 17, 576, dtype=torch.bfloat16)[:, :16]
+    assert mla_seesaw.tma_loads_fit(cache) == tma
+    call = lambda: mla_seesaw.mla_decode_seesaw(q, torch.randn(3, heads, 64, dtype=torch.bfloat16), cache,
                                                 torch.zeros(3, 8, dtype=torch.int32),
                                                 torch.full((3,), 100, dtype=torch.int32),
-                                                0.1, torch.empty_like(q), min_tiles=2, num_programs=4, tma_loads=tma,
-                                                partials=getattr(torch, partials))
+                                                0.1, torch.empty_like(q), min_tiles=2, num_programs=4)
     kernel, values, options = next(c for c in kernels_ptx.capture(call) if c[0].__name__ == "_mla_decode_seesaw")
     info, sass = kernel_sass.assemble(kernels_ptx.compile_kernel(kernel, values, options).asm["ptx"])
     loops = [(loop["mma"], loop["LDL"], loop["STL"]) for loop in kernel_sass.tile_loops(sass, 44)]
-    rows[f"{{heads}} {{'tma' if tma else 'cp.async'}} {{partials}}"] = {{**info, "HGMMA": sass.count("HGMMA"),
+    rows[f"{{heads}} {{'tma' if tma else 'cp.async'}}"] = {{**info, "HGMMA": sass.count("HGMMA"),
                                                                        "tile_loops": loops}}
 print(json.dumps(rows))
 """
@@ -39,12 +38,11 @@ print(json.dumps(rows))
 def test_the_seesaw_keeps_its_tile_loops_in_registers(tmp_path):
     """Both partitions' tile loops: 36 score products (n64) and 8 of P x V (n256: its half of both tiles) each, and no
     local memory in them (the scores' descriptors held across the loop spilled 1.2 KB: see mla_seesaw's z); the same
-    with 16 heads, whose block masks its rows past the 16th, with the tiles copied by cp.async only (TMA_LOADS off; a
-    zeroing pass over TMA's rows past a sequence's end spilled 164 bytes, 7 local loads in the loop), and with float32
-    partials. Outside the loops, at most a few registers a segment spilled (WIDE_STORE's TMA builds: 12-16 bytes, ~6
-    local loads a segment)."""
+    with 16 heads, whose block masks its rows past the 16th, and with the tiles copied by cp.async only (a zeroing pass
+    over TMA's rows past a sequence's end spilled 164 bytes, 7 local loads in the loop). Outside the loops, at most a
+    few registers a segment spilled (12-16 bytes, ~6 local loads a segment)."""
     rows = compiled_in_a_child(SEESAW_CHILD, tmp_path)
-    assert sorted(rows) == ["128 cp.async bfloat16", "128 tma bfloat16", "128 tma float32", "16 tma bfloat16"], rows
+    assert sorted(rows) == ["128 cp.async", "128 tma", "16 tma"], rows
     for build, row in rows.items():
         assert row["HGMMA"] == 88 and row["tile_loops"] == [[44, 0, 0], [44, 0, 0]], (build, row)
         assert row["spill_stores"] <= 32, (build, row)
@@ -63,7 +61,7 @@ sys.path[:0] = [{root!r}, {scripts!r}]
 import kernels_ptx
 from memcheck.kernels import mla_seesaw, work_split
 rows = {{}}
-for early in (False, True):  # an sm_90 GPU with dispatch.PDL on, or not
+for early in (False, True):  # an sm_90 GPU, or one before it
     mla_seesaw.launches_early = work_split.launches_early = lambda device, early=early: early
     q = torch.randn(3, 128, 512, dtype=torch.bfloat16)
     call = lambda: mla_seesaw.mla_decode_seesaw(q, torch.randn(3, 128, 64, dtype=torch.bfloat16),
@@ -81,10 +79,9 @@ print(json.dumps(rows))
 
 
 def test_the_seesaw_and_its_combine_launch_early_and_wait_where_pdl_is_on(tmp_path):
-    """dispatch.PDL on sm_90: the seesaw is launched with programmatic dependent launch and waits (griddepcontrol.wait,
-    once a partition) before it reads the sequence lengths, the query or the cache, as the combine after it does (0.4-0.6
-    us less a small MLA layer on the H200: kernels_h200_2026-12-04_*_pdl-seesaw). Neither signals its dependents early
-    (launch_dependents at the start made small decode layers 1.03-1.18x slower: *_pdl-trigger). Off: neither."""
+    """On sm_90 the seesaw is launched with programmatic dependent launch and waits (griddepcontrol.wait, once a
+    partition) before it reads the sequence lengths, the query or the cache, as the combine after it does. Neither
+    signals its dependents early (dispatch.launches_early says why). Before sm_90: neither."""
     rows = compiled_in_a_child(PDL_CHILD, tmp_path)
     for name in ("_mla_decode_seesaw", "combine_cut_units"):
         assert rows[f"{name} True"]["launch_pdl"] and rows[f"{name} True"]["waits"] >= 1, rows
