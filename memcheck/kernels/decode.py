@@ -26,23 +26,13 @@ LOG2E = 1.4426950408889634
 # Grid size the occupancy probe compiles with: Triton folds an int argument equal to 1 into the
 # kernel (a different, smaller kernel), and one divisible by 16 gets other alignment hints.
 PROBE_PROGRAMS = 1001
-# The sequence lengths are summed over at least this many lanes. At 16 (one to 16 sequences) ptxas gave the GPU config
-# 148-149 registers a thread for every dense shape, 3 programs a multiprocessor; at 32, 124-125 (4), no spills, the same
-# hot loop (sm_90 compile, scripts/kernel_sass.py). The small batches are where decode is furthest from its floor: one
-# 32K sequence's work phase ran at ~3.4 TB/s on 3 programs a multiprocessor where 256 sequences' ran at ~4.4 on 4
-# (decode_timeline_2026-12-03_*_run-2); at 32 lanes, 1-8 sequences from 4K up took 3-8.5% less time
-# (kernels_h200_2026-12-04_*_pad32-*). 64 lanes cost each launch of the decode and of its merge ~1 us for the wider sum
-# (*_pad64-*: 1 x 4K 10.9 -> 11.9 us, 32 x 1K 29.4 -> 30.5), so only the time stamps take them: at 32 the stamped
-# build has 155 registers (3 programs), at 64 126-128 (4, the grid the unstamped decode runs).
+# The sequence lengths are summed over at least this many lanes: at 16, ptxas gives the GPU config 148-149 registers a
+# thread (3 programs a multiprocessor), at 32 124-125 (4), and 1-8 sequences from 4K up take 3-8.5% less time. 64 lanes
+# cost each launch ~1 us for the wider sum, so only the time stamps' build takes them (155 registers at 32, 126-128 at 64).
 SEQS_PAD_LEAST = 32
 SEQS_PAD_LEAST_STAMPED = 64
-# Tuned on the H200 (benchmarks/results/): tokens per loop step, warps, pipeline depth, register cap; min_tiles: tiles
-# per range at least (memcheck/kernels/work_split.py; benchmarks/paged_h200.py's decode_split section times 1, 2, 4, 8).
-# 2 stages, not 3: of 8 configs on four GQA 28/4 cells (kernels_h200_2026-12-01_*_grid-8), b256 x 4K 1.05x of the
-# floor against 1.18x, b32 x 1K 2.05x against 2.10x, one 32K sequence 2.00x against 1.94x.
-# maxnreg 96 (5 programs a multiprocessor, 52-76 bytes spilled outside the tile loop): 1.02x the time at the median of
-# the dense cells, 1.05-1.10x on the small ones (GQA 28/4 b32 x 1K 29.3 -> 31.3 us; kernels_h200_2026-12-04_*_maxnreg-b
-# between -a and -c, the default before and after it on one start, which agree within 0.1% at the median).
+# Tuned on the H200: tokens per loop step, warps, pipeline depth (2 stages: b256 x 4K 1.05x of the floor, 1.18x at 3),
+# register cap; min_tiles: tiles per range at least (memcheck/kernels/work_split.py).
 DEFAULT_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "maxnreg": None, "min_tiles": 1}
 
 

@@ -32,50 +32,28 @@ LOG2E = 1.4426950408889634
 # Grid size the occupancy probe compiles with: Triton folds an int argument equal to 1 into the
 # kernel (a different, smaller kernel), and one divisible by 16 gets other alignment hints.
 PROBE_PROGRAMS = 1001
-# Tuned on the H200 (benchmarks/results/); maxnreg 168 fits 3 programs per multiprocessor, not 2.
-# min_tiles: tiles per range at least (memcheck/kernels/work_split.py): a partial weighs as much as a tile. 2: the
-# fastest for a V2-Lite decode step's batch of 8 x 550 tokens (paged_h200 mla_split, cold latent per layer:
-# 20.6 us per layer against 24.1 at 1 and 33.8 at 8; one 64K sequence prefers 8: issue 14's kernel work).
+# Tuned on the H200; maxnreg 168 fits 3 programs per multiprocessor, not 2. min_tiles: tiles per range at least
+# (memcheck/kernels/work_split.py), a partial weighing as much as a tile: 2 the fastest for V2-Lite's 8 x 550 tokens.
 DEFAULT_CONFIG = {"block_n": 32, "num_warps": 4, "num_stages": 2, "head_block": 16, "maxnreg": 168, "min_tiles": 2,
                   "split_tail": False}
 # 17 to 32 heads (V2/V3 over 4 tensor-parallel ranks) where the seesaw does not run: 32-head blocks run the products on
-# wider tensor-core tiles. Of 18 configs on 128 heads x 4K at batch 32 and 256 (kernels_h200_2026-12-01_*_grid), the
-# fastest then: 5.39x and 4.50x of the FLOP floor against 16-head blocks' 7.02x and 6.09x.
+# wider tensor-core tiles (128 heads x 4K, batch 32: 5.39x of the FLOP floor against 16-head blocks' 7.02x).
 MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block": 32, "maxnreg": None, "min_tiles": 2,
                     "split_tail": False}
 # More than 32 heads (V2/V3's 128, compute-bound on the H200): 64-head blocks on two warpgroups, wgmma with no spills in
-# the loop (the 32-head blocks' loop spills: ptxas, and 11.9M local-memory requests under Nsight Compute). Of 6 configs
-# with the combine's rows capped (kernels_h200_2026-12-01_*_grid-7): 4.78x / 3.53x / 3.78x of the floor at b32 x 4K,
-# b256 x 4K and one 128K sequence, against the 32-head blocks' 5.39x / 4.59x / 4.62x.
-# split_tail: a sequence's whole tiles unmasked, in a loop of their own (_mla_tokens): 0.91x the time at the median of
-# 20 cells (kernels_h200_2026-12-02_*_grid-8 against *_grid-6-serial), this kernel being bound by issuing instructions.
-# min_tiles 2 still: 8 trades b8 x 1K (15.7x of the floor against 10.0x) for b32 x 1K and b8 x 4K, 16 and 32 lose
-# everywhere (a range a sequence: too few programs; grid-9).
-# hopper: on an sm_90 GPU, memcheck/kernels/mla_hopper.py (Gluon) in place of _mla_decode, same tiles and split: 1.18-1.53x
-# faster on 11 128-head cells of issue 14's grid (b256 x 4K 1121 -> 766 us; mla_hopper_h200_2026-12-02_*_run-1).
-# seesaw: memcheck/kernels/mla_seesaw.py in place of mla_hopper (two warp-specialized partitions on alternate tiles): 1.02-1.21x
-# faster on the same 11 cells, b256 x 4K 737 -> 618 us (1.71x -> 1.44x of the floor; *_run-9, variant seesaw-pf0).
-# partials (the Gluon kernels' split-context partial outputs; their log-sum-exps stay float32): bfloat16, the output's
-# dtype, as FlashInfer's split-KV decode keeps its own. Half a 64-head block's 128 KiB partial written and merged;
-# with the seesaw's WIDE_STORE (staged, 16 bytes a thread) 0.90-0.96x the time of float32 partials stored from the
-# accumulators on the small 128-head cells, two orders of variants on one machine
-# (mla_hopper_h200_2026-12-04_*_wide-bf16-*: b32 x 1K 39.3 -> 35.3 and 37.8 -> 37.2 us, b1 x 32K 36.2 -> 33.9,
-# b256 x 1K 195.5 -> 186.8); relative error against float32 references 0.0024 where sequences are cut in ranges
-# (0.0018 float32; bound 0.01). Unstaged it was no faster
-# (mla_hopper_h200_2026-12-03_*_run-13: b32 x 1K 45.0 -> 46.8): 4 bytes a thread in 8 rows, half sectors.
+# the loop (the 32-head blocks' loop spills). split_tail: a sequence's whole tiles unmasked, in a loop of their own
+# (_mla_tokens), this kernel being bound by issuing instructions: 0.91x the time at the median. hopper: on an sm_90 GPU,
+# the seesaw (memcheck/kernels/mla_seesaw.py) in place of _mla_decode, same tiles and split: b256 x 4K at 1.44x of the
+# floor; its partials bf16, as FlashInfer's split-KV decode keeps its own (relative error 0.0024 where sequences are cut
+# in ranges, 0.0018 in float32; bound 0.01).
 MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
                      "split_tail": True, "hopper": True}
 # Up to 32 heads where the seesaw runs (an sm_90 GPU): one 64-head block, the rows past the last head masked (at 16
-# heads 4x the products, still under the latent's bytes on the H200: 64 rows x 1088 x 2 FLOP a 1152-byte row, 121 FLOP a
-# byte against 165) and one partial a program of its heads' rows only (16: 32 KiB), not three. Against _mla_decode's
-# 16-head blocks on 9 16-head cells: 1.07-1.30x faster (b1 x 64K 47.0 -> 40.2 us, b8 x 4K 34.9 -> 27.0, b256 x 32K 2590
-# -> 2362; mla_hopper_h200_2026-12-02_*_run-11; 0.95-1.07x in run-10, partials of 64 rows). mla_hopper (seesaw off) was
-# faster still on one sequence (37.4 us at 64K) and slower from 32 sequences up (b256 x 32K 2789 us): the seesaw's worst
-# is the better. 17 to 32 heads too (V2/V3 over 4 ranks: half the block masked): 1.38-1.58x faster than the 32-head
-# blocks of MID_HEADS_CONFIG on 9 32-head cells (b8 x 4K 42.2 -> 28.5 us, b256 x 32K 3872 -> 2458; *_run-12).
+# heads 4x the products, still under the latent's bytes: 121 FLOP a byte against the H200's 165) and partials of its
+# heads' rows only. Against _mla_decode's 16- and 32-head blocks: 1.07-1.30x faster at 16 heads, 1.38-1.58x at 32.
 FEW_HEADS_HOPPER_CONFIG = MANY_HEADS_CONFIG
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
-# accumulator). Of 24 configs on a 4K prompt at 16 heads (same run), the fastest: 14.0x of the floor against 28.0x.
+# accumulator): a 4K prompt at 16 heads at 14.0x of the floor.
 PREFILL_CONFIG = {"rows": 32, "block_n": 64, "num_warps": 4, "num_stages": 2}
 CPU_PREFILL_TILES = {"rows": 16, "block_n": 16}  # the interpreter runs small tiles faster
 
@@ -125,7 +103,7 @@ def _mla_tokens(q_lat, q_pe, cache_ptr, bt_row, start, end, qk_scale, stride_c_b
     sees tokens up to q_pos[r] only (prefill); decode passes q_pos unused. SPLIT_TAIL: the tiles wholly before `end`
     in a loop of their own, unmasked, then the one that runs past it, if any; else every tile masked, in one loop (a
     second loop's pipeline costs more than the masks save where the work is not bound by issuing instructions:
-    16-head decode, kernels_h200_2026-12-02_*_grid-8)."""
+    16-head decode)."""
     m = tl.full([ROWS], float("-inf"), tl.float32)
     l = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, RANK_PAD], tl.float32)

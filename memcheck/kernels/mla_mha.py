@@ -29,8 +29,7 @@ fix_triton_interpreter()
 
 LOG2E = 1.4426950408889634
 # 128 query rows on 8 warps, 64-key tiles, 3 stages (a tile's nope, rope and value rows: 40 KiB of shared memory a
-# stage). Of 24 configs on 16h x 4K and 32K and 128h x 4K (H200, kernels_h200_2026-12-01_*_grid-4), the best worst
-# case: 2.94x of the FLOP floor; 128-key tiles at 3 stages do not fit.
+# stage): the best worst case of 24 configs on the H200, 2.94x of the FLOP floor; 128-key tiles at 3 stages do not fit.
 # hopper: on an sm_90 GPU, memcheck/kernels/prefill_hopper.py (Gluon, warp-specialized) where its shapes allow.
 CONFIG = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "tiles_first": None, "hopper": True}
 CPU_CONFIG = {"block_m": 16, "block_n": 16}  # the interpreter runs small tiles faster
@@ -171,8 +170,8 @@ def _gather_context(latent_ptr, block_table_ptr, seq_lens_ptr, out_ptr, cu_k_ptr
 def gather_context(latent_cache, block_table, seq_lens, start, count):
     """The latent rows of the packed context tokens [start, start + count) (every sequence's tokens 0..seq_len-1,
     sequence after sequence) gathered from the paged cache into [count, width], and the cumulative context lengths
-    [S + 1]: one kernel, where ~12 torch ops found the slots and gathered (on an H200 a 16-head 4K prefill 231.6 ->
-    198.4 us: kernels_h200_2026-12-03_*_gather-before, *_gather-after). No host sync: a CUDA graph can capture it."""
+    [S + 1]: one kernel, where ~12 torch ops found the slots and gathered (a 16-head 4K prefill 1.17x faster on an
+    H200). No host sync: a CUDA graph can capture it."""
     _, block_size, width = latent_cache.shape
     num_seqs = seq_lens.shape[0]
     rows = latent_cache.new_empty(count, width)
@@ -233,7 +232,7 @@ def merge_window(out, lse, part, part_lse, dest=None):
     its keys; lse and part_lse [T, H] their log2-sum-exp (-inf: no keys), lse updated in place. The merged output goes
     to dest ([T, H, v], any float dtype and strides; out itself where None). One kernel, not torch's
     elementwise ops: at 128 heads x 32K tokens (three windows) those took 16 of the call's 89 ms on an H200, each of
-    their passes over the 2 GiB float32 output (kernels_h200_2026-12-03_notes.md)."""
+    their passes over the 2 GiB float32 output."""
     dest = out if dest is None else dest
     assert out.is_contiguous() and part.is_contiguous()  # this module's own buffers
     rows, v_dim = lse.numel(), out.shape[-1]

@@ -1,12 +1,10 @@
 """MLA decode in 64-head blocks on Hopper: FlashMLA's seesaw, in Gluon. The default on sm_90 for more than 32 heads
-and for 32 or fewer (one block, the rows past the last head masked: mla.FEW_HEADS_HOPPER_CONFIG); memcheck/kernels/mla_hopper.py
-stays as the simpler kernel it replaced.
+and for 32 or fewer (one block, the rows past the last head masked: mla.FEW_HEADS_HOPPER_CONFIG).
 
-memcheck/kernels/mla_hopper.py splits each tile's scores between its two warpgroups at n32 (the query re-read from shared
-memory for every 32 keys) and overlaps nothing with the tensor cores (ncu: 42% busy; kernels_h200_2026-12-02_notes.md,
-"Next: the seesaw"). Here two 4-warp partitions (gl.warp_specialize) each own every other 64-token tile of a segment:
-partition 0 the even tiles in buffer 0, partition 1 the odd ones in buffer 1. Each scores its own tiles at n64 and
-keeps 256 of the 512 output columns (0 the first half, 1 the second). Per pair of tiles (A even, B odd):
+Two 4-warp partitions (gl.warp_specialize) each own every other 64-token tile of a segment: partition 0 the even tiles
+in buffer 0, partition 1 the odd ones in buffer 1. Each scores its own tiles at n64 (no query re-read for every 32
+keys, as two warpgroups splitting one tile's scores would) and keeps 256 of the 512 output columns (0 the first half,
+1 the second). Per pair of tiles (A even, B odd):
   0: S_A, m_A = max(m, rowmax S_A), P_A -> A's rope slot, m_A -> shared; arrive pa.  O_L = O_L a_A + P_A V_A[L].
   1: S_B; wait pa; m_B = max(m_A, rowmax S_B), P_B -> B's rope slot, m_B -> shared; arrive pb.
      O_R = (O_R a_A + P_A V_A[R]) a_B + P_B V_B[R].
@@ -15,22 +13,15 @@ Loads by halves, FlashMLA's way (TMA, or cp.async for a sequence's last tile, ar
 copies land): each partition loads its own half of the latent columns of every tile, and the rope keys of the other
 partition's tiles, each the moment it is done with that half of the buffer's last tile. Partition 0 reads only the
 left half of B and P_B (B's rope slot), partition 1 only the right half of A and P_A, so every part has one last
-reader, which reloads it: no `free`
-barrier, and A's left half is reloaded as soon as O_L += P_A V_A[L] is done (at one load a whole tile, once both
-partitions were done with it, the copies' latency was 0.6 of a tile's 2.5 us at 128 heads x 256 sequences of 4K:
-mla_hopper_h200_2026-12-03_*_diag-loads). The scores start on a tile's own half while the other half lands.
+reader, which reloads it: no `free` barrier, and A's left half is reloaded as soon as O_L += P_A V_A[L] is done (a
+whole tile loaded once both partitions are done with it leaves the copies' latency at 0.6 of a tile's time). The
+scores start on a tile's own half while the other half lands.
 Row sums: each partition its own tiles', in the same frame; added through shared memory at a segment's end, in slots
 by the segment's parity. That exchange is also where a segment ends for both: the next one's query and first tiles
 load after it. scripts/seesaw_protocol_check.py model-checks these waits and arrivals on the CPU.
 Same tile line, ranges and partials as memcheck/kernels/mla.py's _mla_decode, merged by work_split.combine_cut_units.
-Measured (mla_hopper_h200_2026-12-02_*_run-9): 1.02-1.21x faster than mla_hopper, b256 x 4K at 1.44x of the floor.
-ncu (decode_ncu_2026-12-02_*_seesaw-*): the waits for a tile's copies are the largest stall; one tile in flight a
-partition does not cover the memory's latency, and shared memory (Q 72 KiB + 2 x 72 KiB) holds no third tile.
-Loads by halves against whole tiles (f16d380), same start (mla_hopper_h200_2026-12-04_*_ab1-*): faster at 4K and
-below and for one sequence (128h b256 x 4K 623 -> 597 us, b8 x 4K 37.0 -> 34.8; 16h b8 x 4K 28.4 -> 25.2, b1 x 64K
-41.6 -> 37.7), slower on long segments (16h b128 x 32K 1244 -> 1318, b32 x 32K 329 -> 340-354). There the programs'
-median is faster (305 -> 290 us) but the multiprocessors split in two by place, ~8 consecutive ids a run, 274-290 us
-against 316-326 for the same tiles (decode_timeline_2026-12-04_*_seesaw-*-sm): a static split ends with the slow half.
+On an H200, b256 x 4K at 1.44x of the floor; the waits for a tile's copies are the largest stall (one tile in flight a
+partition does not cover the memory's latency, and shared memory, Q 72 KiB + 2 x 72 KiB, holds no third tile).
 """
 import torch
 from triton.experimental import gluon

@@ -35,19 +35,14 @@ fix_triton_interpreter()
 LOG2E = 1.4426950408889634
 # On the GPU: query rows per program (tokens x heads in the group, or tokens of one head), keys per loop step, warps,
 # pipeline depth, whether the tiles below the causal diagonal skip the mask, and whether a program takes one query
-# head. From benchmarks/kernels_h200.py --grid --config-sweep on the H200 (2026-12-01): split_causal took one 32K
-# prompt from 2.99x of the FLOP floor to 1.99x (kernels_h200_*_grid, 48 configs of grouped rows), and one query head
-# per program, no group padding, to 1.89x; within 0.16x of the best config on every other prefill cell (*_grid-2).
-# hopper: on an sm_90 GPU, memcheck/kernels/prefill_hopper.py (Gluon, warp-specialized) where its shapes allow (hopper_stages:
-# its key/value tiles in flight; hopper_overlap: its consumers' OVERLAP; hopper_persistent, hopper_wide_store: its
-# PERSISTENT, WIDE_STORE).
+# head (benchmarks/kernels_h200.py --grid --config-sweep): one 32K prompt at 1.89x of the FLOP floor on the H200.
+# hopper: on an sm_90 GPU, memcheck/kernels/prefill_hopper.py (Gluon, warp-specialized) where its shapes allow.
 CONFIG = {"rows": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "split_causal": True,
           "one_head_per_program": True, "tiles_first": None, "hopper": True}
 CPU_CONFIG = {"rows": 16, "block_n": 16}  # the interpreter: small tiles run faster
-# tiles_first None: a grid of up to FEW_WAVES programs a multiprocessor launches units side by side. On the H200
-# (kernels_h200_2026-12-02_*_grid-1, -2) units side by side / a unit's tiles together: dense prefill 2K 0.108 / 0.127
-# ms (3.4 waves), 8K 1.231 / 1.263 (14), 8 x 2K 0.817 / 0.779 (27), 32K 19.30 / 18.36 (54); decompressed MLA 16h 4K
-# 0.261 / 0.303 (3.9), 16h 32K 11.40 / 11.14 (31), 128h 4K 1.98 / 1.82 (31), 128h 32K 132.7 / 117.9.
+# tiles_first None: a grid of up to FEW_WAVES programs a multiprocessor launches units side by side (a few waves: the
+# last one holds the shortest programs), a larger one a unit's tiles together (they read the same keys from L2):
+# dense 2K 0.108 ms against 0.127, 32K 18.36 against 19.30.
 FEW_WAVES = 16
 
 

@@ -3,7 +3,7 @@ attention) or over contiguous per-head keys and values (MLA prefill, decompresse
 
 memcheck/kernels/prefill.py's Triton kernel runs a program's two warpgroups in step: each issues a key tile's products, then
 waits on its scores before the exponentials, so the tensor cores idle while the softmax runs (1.8-2.7x of the FLOP
-floor on the H200; kernels_h200_2026-12-02_notes.md). Here a program's 128 query rows (one query head) are split
+floor on the H200). Here a program's 128 query rows (one query head) are split
 between two 4-warp consumer partitions of 64 rows each, and a one-warp producer partition fills a ring of key and
 value tiles with TMA: a 128-key tile of the paged cache is gathered block by block (one TMA box a cache block of its
 tokens), of contiguous keys in one box, signalled on the stage's `k_ready` and `v_ready` mbarriers as the bytes
@@ -332,7 +332,7 @@ def _consumer(ME: gl.constexpr, smem, bars, problem, order, out_ptr, lse_ptr, st
                     # As compiled, ptxas puts the next wait at the top of the block after the mask's branch, above
                     # this softmax: each consumer's softmax runs under the other's products, not its own. The loop
                     # split at the mask, without the branch, keeps the order but spills ~31 registers a tile (P in
-                    # float32 and the next scores live at once): 1.2-1.3x the time (2026-12-04 *_schedule-2).
+                    # float32 and the next scores live at once): 1.2-1.3x the time.
                     p, m, alpha, l = _softmax_step(s, i, whole, t_base, q_pos, kv_end, qk_scale, m, l, WINDOWED)
                     acc = warpgroup_mma_wait(0, deps=[acc])
                     mbarrier.arrive(v_free.index((c - 1) % STAGES), count=1)

@@ -1,7 +1,7 @@
 """The linear layers of a decode step, y = x @ W^T + b for a few rows x (one per sequence) and a weight W [N, K]:
 at 1-64 rows the product is a read of W, and its time is how fast the GPU streams W. cuBLAS picks its tiles for
 square products; on an H200 its 8-row products of the decode step read 2-15 MB weights at well under the copy
-rate (benchmarks/results/paged_h200_2026-12-01_notes.md).
+rate.
 
 Grid: (column blocks of BLOCK_N, SPLIT slices of K). A program multiplies the rows by its [BLOCK_N, K / SPLIT]
 slice of W with fp32 accumulation. With SPLIT > 1, each program of a column block writes its float32 partial

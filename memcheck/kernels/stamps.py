@@ -2,7 +2,7 @@
 "stamps": an int64 tensor of [programs, SLOTS]). Each program writes the GPU's global timer (ns) at SLOTS points of its
 life, so benchmarks/decode_timeline.py can split a kernel's time into the launch's spread, each program's start-up,
 its tiles, and the wait for the last program: the time a long sequence's decode spends apart from its bytes
-(kernels_h200_2026-12-03_notes.md: ~1.13x of the floor plus ~9-13 us a layer at one sequence).
+(~1.13x of the floor plus ~9-13 us a layer at one sequence).
 Off, the kernels compile as without it (a constexpr; the pointer goes unused).
 """
 import torch

@@ -25,56 +25,29 @@ from triton.language.extra.cuda import gdc_wait
 from .dispatch import launches_early, next_pow2, pdl_options, sm_count
 
 # Integer arguments that change from step to step (how many sequences, the grid, an eager step's block-table width):
-# Triton would compile a variant for each value equal to 1 or divisible by 16 it meets, inside the timed run where the
-# warm-up missed it (the H200's cold-cache runs compiled 14 such variants of _decode, _prefill and combine_cut_units:
-# benchmarks/results/triton_compiles_2026-12-01_nvidia-h200_cold-cache.jsonl). Not specialized: one variant each.
+# specialized, each value equal to 1 or divisible by 16 would compile a variant inside a timed run. One variant each.
 RUN_TIME_INTS = ["num_seqs", "num_programs", "stride_bt_seq"]
 COMBINE_DIM_BLOCK = 64  # output columns per combine program: more programs, a small [rows, 64] tile
-# Rows of a unit one combine program merges at most: MLA's 32- and 64-head blocks would hold a [J_BLOCK, rows, 64]
-# float32 tile of 128-256 registers a thread (ptxas: the 64-row combine spills), so their rows go to more programs.
+# Rows of a unit one combine program merges at most: 32 or 64 rows make a [J_BLOCK, rows, 64] float32 tile that spills.
 COMBINE_MAX_ROWS = 16
-# [J, rows, columns] a program loads a step at most (one tile, or J unrolled): 32 float32 a thread. At 8192 (8 x 16 x
-# 64) as one tile, 248 registers and 2 programs a multiprocessor: 128 MLA heads x 32 sequences merged in 52 us
-# (kernels_h200_2026-12-02_*_grid-5).
+# [J, rows, columns] a program loads a step at most (one tile, or J unrolled): 32 float32 a thread.
 COMBINE_MAX_TILE = 4096
-# A few sequences cut into hundreds of ranges (one long sequence) leave a grid of (sequence, unit, row block, column
-# block) too few programs to merge them: on the H200 one 64K MLA sequence's 396 partials took 8 programs ~190 us.
-# Below this many programs per multiprocessor the rows, then the columns, go to more programs, down to ROW_SPLIT rows
-# and DIM_SPLIT columns: 8.6 us for that sequence (kernels_h200_*_grid-5; 64 columns and 32 partials: 16.5 us,
-# grid-4). Halving step by step, not straight to the least: 128 MLA heads x 8 sequences went straight from 512
-# programs to 8192 (a 30 us combine, kernels_h200_2026-12-02_*_grid-3). One per multiprocessor, not 4: at 4, 32
-# sequences x 4 KV heads took the split too, where most sequences are whole and the added programs only exit
-# (GQA 28/4 b32 x 1K 32.9 -> 36.2 us, grid-5). With the halving, 2 and 4 were 1.00x at the median of every decode
-# family, each slower somewhere (kernels_h200_2026-12-02_*_grid-11-per-sm-*: 128h b8 x 4K 1.14x at 4).
+# Below this many combine programs a multiprocessor (a few sequences cut into hundreds of ranges), the rows, then the
+# columns, are halved step by step down to ROW_SPLIT rows and DIM_SPLIT columns: one 64K MLA sequence's 396 partials
+# merged in 8.6 us, not ~190 on 8 programs.
 COMBINE_PROGRAMS_PER_SM = 1
 COMBINE_ROW_SPLIT, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 256
-# Then, where a step already takes its partials as one tile (more than COMBINE_UNROLL_J: one long sequence's hundreds)
-# and the tile is what caps how many, the columns are halved again, down to a 32-byte sector a row: each step is a
-# round trip to memory. One 16-head 64K sequence's 132 partials: 7 steps of 64 -> 1 of 256, combine 8.6 -> 4.7 us;
-# one GQA 28/4 128K sequence's 99: 4.0 -> 3.2 us (kernels_h200_2026-12-02_*_grid-18 against grid-17). Unrolled steps
-# stay as they are: 128 heads' 66 partials a 64-head block went from 5 unrolled steps of 16 to one tile of 128 at 8
-# columns (2048 programs) and took 15.5 us, not 7.6 (grid-18).
+# Where a step takes its partials as one tile and the tile caps how many, columns are halved down to a 32-byte sector a
+# row (each step is a round trip to memory): one 16-head 64K sequence's combine 8.6 -> 4.7 us.
 COMBINE_DIM_LEAST = 8
-# Up to this many partials a step, each is its own [rows, columns] tile, unrolled (few registers: 128 MLA heads x 32
-# sequences 27 -> 7.7 us, x 8 16 -> 5.4 us, GQA 28/4 x 32 5.6 -> 3.2 us); above it they are one [J, rows, columns]
-# tile spread over the threads, which one long sequence's hundreds of partials need (unrolled 64 a step, one 32K
-# sequence at 16 MLA heads took 17.7 us, not 8.6; kernels_h200_2026-12-02_*_grid-13).
+# Up to this many partials a step, each its own [rows, columns] tile, unrolled (few registers); above it, one
+# [J, rows, columns] tile over the threads, which one long sequence's hundreds of partials need.
 COMBINE_UNROLL_J = 16
-# Nor cut into slices, a program a slice of one step, the last slice to finish (a ticket) merging them: one 128-head
-# 32K sequence's combine 6.7 -> 10.3 us, the layer 33.3 -> 37.1 (combine_sweep_h200_2026-12-04_*_slices; 4a60ee8,
-# reverted). ptxas issues a step's loads together already (a round trip a step); 1280 programs were two waves, and the
-# ticket and the slices' merge two more round trips.
-# The steps not software-pipelined: tl.range(num_stages=3) over them (loads two steps ahead, 140 registers at 16
-# partials a step) made every combine slower on the H200, one long 128-head MLA sequence's 6.8 -> 11.0 us and 32 x 1K's
-# 6.5 -> 9.9 (kernels_h200_2026-12-04_*_combine-pipelined against *_grid-wide-bf16; profiler times, eager).
-# A range that straddles two sequences runs a second segment (its query loaded and its first tiles waited for again)
-# and leaves a partial in each. Where the sequences are of one length and fewer than the programs, R a multiple of
-# them puts a boundary between every two: taken where the programs it leaves idle, (most - R) x T tiles, come to at most
-# ALIGN_TILES tiles a range, i.e. (most - R) x T <= ALIGN_TILES x most^2 (most: R unaligned). For MLA (ALIGN), whose
-# query is 72 KiB and whose partial 128 KiB at 64 heads: on an H200 128 heads x 32 sequences of 1K 45.0 -> 40.2 us,
-# 16 heads 29.6 -> 26.0 (kernels_h200_2026-12-03_*_align-first against *_align-before). Not for dense decode: no cell
-# faster, and _decode's registers at 256 sequences went 126 -> 159 (4 programs a multiprocessor to 3: the large cells
-# 4-8% slower). Nor whole sequences a range (R a divisor of them): 128 heads x 256 of 1K 208 -> 217 us.
+# A range that straddles two sequences runs a second segment and leaves a partial in each. Where the sequences are of
+# one length and fewer than the programs, R a multiple of them puts a boundary between every two: taken where the
+# programs it leaves idle, (most - R) x T tiles, come to at most ALIGN_TILES tiles a range, i.e.
+# (most - R) x T <= ALIGN_TILES x most^2 (most: R unaligned). MLA only (ALIGN: its query is 72 KiB, its partial 128 KiB
+# at 64 heads): 128 heads x 32 sequences of 1K 1.12x faster.
 ALIGN_TILES = tl.constexpr(2)
 
 
@@ -202,7 +175,7 @@ def combine_cut_units(
                 if UNROLL:
                     # the step's partials one [rows, columns] tile each, the sum over them in each thread: as one [J,
                     # rows, columns] tile Triton reduced it across warps through shared memory, at 193 registers a
-                    # thread for 4 x 16 x 64 (2 programs a multiprocessor; decode_ncu_2026-12-02_*_combine-*)
+                    # thread for 4 x 16 x 64 (2 programs a multiprocessor)
                     m_new = m
                     for jj in tl.static_range(J_BLOCK):
                         m_new = tl.maximum(m_new, _partial_lse(part_lse_ptr, j0 + jj, j_first, j_last, first_slot,
@@ -248,7 +221,7 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
     # run (memcheck/stacks/paged/graphs.py). An eager mixed step decodes any count of sequences (R1's 32 x 2K: 1 to 31).
     seqs = next_pow2(num_seqs)
     # the lengths summed over 16 lanes at least: the sum does not depend on the width, and a wider one cost each launch
-    # ~1 us (decode's 64 lanes, kernels_h200_2026-12-04_*_pad64-*)
+    # ~1 us (decode's 64 lanes)
     seqs_pad = max(16, seqs)
     row_block = min(max(2, next_pow2(rows)), COMBINE_MAX_ROWS)  # ROW_BLOCK 1 would be a different tl.arange
     dim_block = min(COMBINE_DIM_BLOCK, max(16, next_pow2(head_dim)))
