@@ -1,4 +1,4 @@
-"""What the H200's own fastest paths do at the size of each of issue 14's grid cells, beside our kernels: how far
+"""What the H200's own fastest paths do at the size of each of the kernels' grid cells, beside our kernels: how far
 the floor (bytes once at the copy bandwidth, FLOPs at the 8192^3 matmul rate) is from what the hardware delivers on a
 problem that small.
 
@@ -179,7 +179,7 @@ def report(rows, bounds):
     log(f"a layer's kernel boundaries in a CUDA graph: one empty kernel {bounds['one_kernel_us']:.1f} us, "
         f"two {bounds['two_kernels_us']:.1f} us")
     log("x floor (floor from the grid JSON); read: the cache bytes read once; cuBLAS: MLA's two products unfused; "
-        "cuDNN: SDPA's cuDNN backend; goal: issue 14's")
+        "cuDNN: SDPA's cuDNN backend; goal: the family's x floor (GOAL_X)")
     log(f"{'family':26s} {'case':34s} {'floor us':>9s} {'ours':>6s} {'read':>6s} {'cuBLAS':>6s} {'cuDNN':>6s} "
         f"{'goal':>5s}")
     for r in rows:

@@ -12,7 +12,7 @@ last: their difference is what one-time work the warm-up left in the first run.
         [--stack hf] [--profile full] [--reps 1] [--device auto]
 
 On a CPU only the variants without a GPU part run (none, all collectors): a check that the script runs. Not a test:
-the numbers are for the closing note (benchmarks/results/collector_parts_*.log).
+it prints the numbers.
 """
 from __future__ import annotations
 

@@ -24,11 +24,8 @@ CELLS = [Cell(grid.MLA_DECODE, b, k * 1024, 1, heads, 1, 512, 64)
          for heads, b, k in ((128, 32, 1), (128, 8, 4), (128, 1, 32), (128, 1, 128), (128, 256, 1), (16, 8, 4),
                              (16, 1, 64))]
 CELLS += [Cell(grid.DECODE, b, k * 1024, 1, 28, 4, 128) for b, k in ((32, 1), (1, 32))]
-# (name, the module's constants it sets); the first is the default. Run before: 2026-12-04 (combine_sweep_h200_2026-12-04_
-# nvidia-h200.*), the columns a program and elements a step, (64, 4096) against (128, 4096), (128, 8192), (256, 8192);
-# 2026-12-04 (*_slices.*), a sequence's partials merged in slices of a step, a program each, by tickets (reverted:
-# d2f4f34); 2026-12-04 (*_unroll32.*, the settings below), 32 partials a step unrolled: one 128-head 32K sequence
-# 33.2 -> 39.3 us with two programs a multiprocessor, no cell moved without.
+# (name, the module's constants it sets); the first is the default (what earlier sweeps tried and dropped:
+# docs/kernel-decisions.md)
 SETTINGS = [("default", {}), ("32 unrolled", {"COMBINE_UNROLL_J": 32}),
             ("2 an SM, 32 unrolled", {"COMBINE_PROGRAMS_PER_SM": 2, "COMBINE_UNROLL_J": 32})]
 

@@ -28,16 +28,15 @@ CASES = {  # name: (cell, config name or None)
     "mla128-b256x4K": (Cell(MLA_DECODE, 256, 4096, 1, 128, 1, 512, 64), None),
     "mla128-b256x4K-32-head-blocks": (Cell(MLA_DECODE, 256, 4096, 1, 128, 1, 512, 64), "mla-32-head-blocks"),
     "gqa28-b32x1K": (Cell(DECODE, 32, 1024, 1, 28, 4, 128), None),
-    # 128 heads at small batches: well over the per-tile time of b256 x 4K (kernels_h200_2026-12-02_*_grid-3)
+    # 128 heads at small batches: well over the per-tile time of b256 x 4K
     "mla128-b1x4K": (Cell(MLA_DECODE, 1, 4096, 1, 128, 1, 512, 64), None),
     "mla128-b8x1K": (Cell(MLA_DECODE, 8, 1024, 1, 128, 1, 512, 64), None),
     "mla128-b32x1K": (Cell(MLA_DECODE, 32, 1024, 1, 128, 1, 512, 64), None),
-    # one sequence: 1.6-3x of the floor where batches of the same kernels reach 0.95-1.15x (*_grid-17)
+    # one sequence: 1.6-3x of the floor where batches of the same kernels reach 0.95-1.15x
     "gqa28-b1x32K": (Cell(DECODE, 1, 32768, 1, 28, 4, 128), None),
     "mla16-b1x64K": (Cell(MLA_DECODE, 1, 65536, 1, 16, 1, 512, 64), None),
     "mla128-b1x32K": (Cell(MLA_DECODE, 1, 32768, 1, 128, 1, 512, 64), None),
-    # long segments (248 tiles a program), where the seesaw's loads by halves lose to whole tiles (329 -> 354 us,
-    # mla_hopper_h200_2026-12-04_*_ab2-*)
+    # long segments (248 tiles a program), where the seesaw's loads by halves lose to whole tiles
     "mla16-b32x32K": (Cell(MLA_DECODE, 32, 32768, 1, 16, 1, 512, 64), None),
     # memory-bound layers of ~300 MB (benchmarks/mla_bandwidth_h200.py): MLA at 16 and 64 heads beside dense decode of
     # the same cache bytes (GQA 28/4, 2 KiB a token)

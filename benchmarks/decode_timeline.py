@@ -35,14 +35,14 @@ def mla_cell(heads, batch, context):
     return Cell(MLA_DECODE, batch, context, 1, heads, 1, 512, 64)
 
 
-CASES = {  # the grid's worst small cells (grid-20) and a large one of each kernel for the steady state
+CASES = {  # the grid's worst small cells and a large one of each kernel for the steady state
     "gqa28-b1x4K": gqa(1, 4096), "gqa28-b1x32K": gqa(1, 32768), "gqa28-b1x128K": gqa(1, 131072),
     "gqa28-b32x1K": gqa(32, 1024), "gqa28-b256x4K": gqa(256, 4096),
     "mla16-b1x32K": mla_cell(16, 1, 32768), "mla16-b1x128K": mla_cell(16, 1, 131072),
     "mla16-b8x4K": mla_cell(16, 8, 4096), "mla16-b256x4K": mla_cell(16, 256, 4096),
     "mla128-b1x32K": mla_cell(128, 1, 32768), "mla128-b32x1K": mla_cell(128, 32, 1024),
     "mla128-b8x4K": mla_cell(128, 8, 4096), "mla128-b256x4K": mla_cell(128, 256, 4096),
-    # long segments, where the seesaw's loads by halves lose to whole tiles (mla_hopper_h200_2026-12-04_*_ab2-*)
+    # long segments, where the seesaw's loads by halves lose to whole tiles
     "mla16-b32x32K": mla_cell(16, 32, 32768), "mla128-b32x32K": mla_cell(128, 32, 32768),
 }
 

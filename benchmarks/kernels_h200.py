@@ -11,7 +11,7 @@ kernel configs and partition sizes around the defaults (the tuning run). Writes
 kernels_h200.json and kernels_h200.log to DIR ($OUT on the device machine) and prints a short
 table last.
 
---grid measures issue 14's range through the entry points the paged stack calls (kernels.mla_decode,
+--grid measures the kernels' range through the entry points the paged stack calls (kernels.mla_decode,
 paged_decode, paged_prefill, mla_mha_prefill, mla_prefill), in its layouts: MLA decode at 16 and 128 heads (512
 + 64), dense decode at GQA 28/4, GQA 32/8 and MHA 32/32 (head_dim 128), each at batch 1-256 x context 1K-128K
 (cells whose cache would pass 60 GB are skipped and listed), plus one 64K MLA sequence; prefill (R1's GQA 28/4)
@@ -23,8 +23,8 @@ FLOPs are those of the decompressed 192-wide q/k, 128-wide v: the least work for
 timed as CUDA-graph replays with L2 flushed before each; a decode cache under 160 MB is timed as that many bytes
 of layers' caches, one call each, as in a decode step (the time given is per call), so cells with a floor of a
 few us mostly measure the two launches (the summary also gives the worst cell with a floor of 10 us or more). A
-few cells are checked against the float32 reference; issue 14's quoted vLLM numbers sit beside the cells they
-describe (vLLM is not measured here). Cells run issue 14's table rows first, then the rest smallest first; no
+few cells are checked against the float32 reference; quoted vLLM numbers (VLLM_QUOTED) sit beside the cells they
+describe (vLLM is not measured here). Cells run the quoted table's rows first, then the rest smallest first; no
 cell starts past --max-seconds, and the JSON is rewritten after every cell. Estimated H200 wall time of the 99
 cells: about 3 min (estimate_seconds: 25 s to start, 42 Triton compiles at ~2 s, 0.5 s of set-up a cell, 13 s of
 replays, 10 s of fp32 checks), so the grid is not trimmed; the budget's default leaves the 10-minute device call
@@ -77,7 +77,6 @@ MLA_SHAPE = ("64x4K MLA V2-Lite 16h 512+64", 64, 4096, 16, 512, 64)
 VLLM = {"64x4K GQA 32/8": 1.17, "16x32K GQA 28/4": 1.81, "128x2K MHA 32/32": 1.13, "64x mixed<=8K GQA 32/8": 1.71}
 
 # --sweep: configs timed beside the default, each at the one-wave grid (x1) and twice it (x2).
-# benchmarks/results/*_tuning.* holds the wider sweep that chose the defaults (and the grid split).
 DECODE_SWEEP = [
     (dict(block_n=64, num_warps=4, num_stages=3), (2,)),
     (dict(block_n=64, num_warps=4, num_stages=3, maxnreg=128), (1,)),
@@ -397,7 +396,7 @@ def check_prefill_and_write(gen):
     return row
 
 
-# --grid: issue 14's range, every paged-attention kernel on every shape in one device call, through the entry points
+# --grid: the kernels' range, every paged-attention kernel on every shape in one device call, through the entry points
 # the paged stack calls (memcheck/stacks/paged/attention.py and mla.py), in the stack's layouts.
 MLA_DECODE, DECODE, PREFILL, MLA_PREFILL = "MLA decode", "paged decode", "prefill", "MLA prefill"
 # MLA prefill: the stack's is the decompressed form; the absorbed runs a step where it costs fewer FLOPs (few new
@@ -414,9 +413,9 @@ GRID = {
     "batches": (1, 8, 32, 128, 256), "contexts": (1024, 4096, 32768, 131072),
     "mla_heads": (16, 128), "rank": 512, "rope": 64,  # DeepSeek-V2-Lite; V2/V3
     "dense": ((28, 4), (32, 8), (32, 32)), "head_dim": 128,  # R1-Distill-Qwen-7B's GQA 28/4 first
-    "long_mla": 65536,  # issue 14's "MLA, one sequence of 64K" row
+    "long_mla": 65536,  # the quoted "MLA, one sequence of 64K" row
     "swept_mla_batches": (8, 32, 256),  # --config-sweep's MLA decode cells (1K and 4K)
-    # --config-sweep's dense decode cells: over 1.10x of the floor in grid-7, floors of 15-500 us, 4 batch sizes
+    # --config-sweep's dense decode cells: over 1.10x of the floor when chosen, floors of 15-500 us, 4 batch sizes
     "swept_decode_cells": ("GQA 28/4 b32 x 1K", "GQA 28/4 b8 x 4K", "GQA 28/4 b1 x 32K", "GQA 28/4 b256 x 4K",
                            "GQA 28/4 b128 x 1K", "GQA 32/8 b1 x 128K"),
     "profiled_batch": 32,  # decode cells up to this batch also get each kernel's time (torch.profiler)
@@ -435,43 +434,42 @@ DRY_GRID = {  # --grid --dry-run: every family's code path on the CPU, one MHA c
     "mla_mha_prefill": ((16, 64), (32, 96)),
     "cap_bytes": 40_000, "cold_bytes": 40_000, "max_layers": 2,
 }
-VLLM_SOURCE = "vLLM (quoted from issue 14, earlier run)"
-# Issue 14's table (one H200 run before this grid existed: ours then, vLLM 0.32's Triton kernels then), each row with
+VLLM_SOURCE = "vLLM (quoted, an earlier run)"
+# A quoted table (one H200 run before this grid existed: ours then, vLLM 0.32's Triton kernels then), each row with
 # the grid cells it describes. Quoted, never measured here (the device has no vllm); no other cell gets a vLLM number.
 VLLM_QUOTED = [
     {"case": "MLA, 16 heads (V2-Lite), batched 4K-32K", "ours_then": "1.66-1.76x of the bytes floor",
-     "vllm_then": "3.5-4.3x", "cells": "the issue does not say which batch: every batched cell at 4K and 32K",
+     "vllm_then": "3.5-4.3x", "cells": "the quote does not say which batch: every batched cell at 4K and 32K",
      "match": lambda c, g: c.family == MLA_DECODE and c.q_heads == g["mla_heads"][0] and c.batch > 1
      and c.context in g["contexts"][1:3]},
     {"case": "MLA, 128 heads (V2/V3), batched 4K", "ours_then": "5.9x of the FLOP floor", "vllm_then": "12.3x",
-     "cells": "the issue does not say which batch: every batched cell at 4K",
+     "cells": "the quote does not say which batch: every batched cell at 4K",
      "match": lambda c, g: c.family == MLA_DECODE and c.q_heads == g["mla_heads"][1] and c.batch > 1
      and c.context == g["contexts"][1]},
     {"case": "MLA, one sequence of 64K", "ours_then": "27x (0.48 ms)", "vllm_then": "9.6x (0.17 ms)",
-     "cells": "16 heads (the issue's 0.48 ms / 27x is the 16-head floor)",
+     "cells": "16 heads (the quoted 0.48 ms / 27x is the 16-head floor)",
      "match": lambda c, g: c.family == MLA_DECODE and c.q_heads == g["mla_heads"][0] and c.batch == 1
      and c.context == g["long_mla"]},
     {"case": "dense GQA, one sequence of 128K", "ours_then": "2.4x", "vllm_then": "10.5x", "cells": "R1's GQA 28/4",
      "match": lambda c, g: c.family == DECODE and (c.q_heads, c.kv_heads) == g["dense"][0] and c.batch == 1
      and c.context == g["contexts"][-1]},
     {"case": "dense GQA, a few hundred sequences of 1K", "ours_then": "1.38x", "vllm_then": "1.28x",
-     "cells": "the issue does not say which GQA: both, at the largest batch",
+     "cells": "the quote does not say which GQA: both, at the largest batch",
      "match": lambda c, g: c.family == DECODE and c.q_heads != c.kv_heads and c.batch == g["batches"][-1]
      and c.context == g["contexts"][0]},
 ]
-# The H200's rates (kernels_h200_2026-11-29: copy 4.28 TB/s; issue 14's dense prefill floors imply about 790 TFLOP/s
-# for bf16 torch.mm) and what a cell costs there, for the estimate --grid prints before it starts: ours and SDPA at a
-# few times the floor (decode 1.1x batched, MLA 1.8x to 27x, prefill 3-7x, SDPA 1.3-1.6x: issue 14), a decode launch
-# pair (decode + merge) about 12 us however small (paged_h200_2026-12-01 decode_split), a replay's L2 flush and sync.
+# The H200's rates (copy 4.28 TB/s; about 790 TFLOP/s for bf16 torch.mm) and what a cell costs there, for the
+# estimate --grid prints before it starts: ours and SDPA at a few times the floor (decode 1.1x batched, MLA 1.8x to
+# 27x, prefill 3-7x, SDPA 1.3-1.6x), a decode launch pair (decode + merge) about 12 us however small, a replay's L2
+# flush and sync.
 H200_COPY_BPS, H200_MM_FLOPS = 4.28e12, 7.9e14
-# --config-sweep: configs around each kernel's defaults, timed on the cells `sweep_of` picks. 2026-12-01's sweeps
-# (kernels_h200_2026-12-01_nvidia-h200_grid*) chose today's defaults: a query head per program for dense prefill,
-# tiles for MLA prefill (absorbed and decompressed) and for 128-head MLA decode, min_tiles for 16-head MLA decode.
+# --config-sweep: configs around each kernel's defaults, timed on the cells `sweep_of` picks (the sweeps that chose
+# the defaults: a query head per program for dense prefill, tiles for MLA prefill and 128-head MLA decode, min_tiles
+# for 16-head MLA decode).
 SWEEPS = {  # key (--config-sweep's names): (title, the default it varies, the configs)
     # rows, key tile, warps, stages, launch order: the default (its order by the grid's waves) and its neighbours; each
     # order forced; two programs a multiprocessor (64 rows on one warpgroup, 64-key tiles: one program's exponentials
-    # beside the other's products). The next tile scored ahead of the exponentials was slower on every cell
-    # (kernels_h200_2026-12-02_*_grid-1: Triton waits on the scores at once, ptx wgmma.wait_group 0).
+    # beside the other's products). (The next tile scored ahead of the exponentials: docs/kernel-decisions.md.)
     # The Gluon kernel (hopper, the default on sm_90) with each order forced, then Triton's configs.
     "prefill": (PREFILL, prefill.CONFIG, [{**prefill.CONFIG, "tiles_first": order} for order in (True, False)]
                 + [{**prefill.CONFIG, "hopper": False, "rows": rows, "block_n": block_n, "num_warps": warps,
@@ -608,14 +606,15 @@ def replays_for(ms):
     return 60 if ms < 2 else 20
 
 
-def issue_rank(c, g):
-    """Where issue 14's table puts the cell: its decode rows in order, then its prefill rows, then the rest."""
+def quoted_rank(c, g):
+    """Where the quoted table (VLLM_QUOTED) puts the cell: its decode rows in order, then its prefill rows, then the
+    rest."""
     for i, quote in enumerate(VLLM_QUOTED):
         if quote["match"](c, g):
             return i
-    issue_prefill = c.family in MLA_FAMILIES or c.family == PREFILL and (
+    quoted_prefill = c.family in MLA_FAMILIES or c.family == PREFILL and (
         c.batch > 1 or c.new < c.context or c.context == g["prompts"][-1])
-    return len(VLLM_QUOTED) + (0 if issue_prefill else 1)
+    return len(VLLM_QUOTED) + (0 if quoted_prefill else 1)
 
 
 def all_cells(g):
@@ -646,13 +645,13 @@ def all_cells(g):
 
 
 def grid_cells(g):
-    """(cells to run, issue 14's rows first and then the rest smallest cache first, so a budget cut drops the
+    """(cells to run, the quoted table's rows first and then the rest smallest cache first, so a budget cut drops the
     largest; [(cell, why)] for the cells whose cache is over the cap)."""
     cells, cap = all_cells(g), g["cap_bytes"]
     skipped = [(c, f"cache {cache_bytes(c) / 1e9:.3g} GB over the {cap / 1e9:.3g} GB cap")
                for c in cells if cache_bytes(c) > cap]
     kept = [c for c in cells if cache_bytes(c) <= cap]
-    return sorted(kept, key=lambda c: (issue_rank(c, g), cache_bytes(c))), skipped
+    return sorted(kept, key=lambda c: (quoted_rank(c, g), cache_bytes(c))), skipped
 
 
 def estimate_seconds(cells, g, bandwidth=H200_COPY_BPS, rate=H200_MM_FLOPS):
@@ -1081,7 +1080,7 @@ def grid_report(rows, g, bandwidth, rate):
         log(f"  {quote['case']}: ours then {quote['ours_then']}, vLLM then {quote['vllm_then']} "
             f"({quote['cells']}); ours now: {now}")
     log("")
-    log(f"issue 14's grid; floor = max(bytes moved once / {bandwidth / 1e12:.2f} TB/s copy, "
+    log(f"the kernels' grid; floor = max(bytes moved once / {bandwidth / 1e12:.2f} TB/s copy, "
         f"FLOPs / {rate / 1e12:.0f} TFLOP/s bf16 mm); x floor = ours / floor (* = the FLOP floor)")
     summary_table(rows)
     for family in (MLA_DECODE, DECODE):
@@ -1144,7 +1143,7 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="also time configs and partition sizes")
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
-    parser.add_argument("--grid", action="store_true", help="issue 14's grid: every kernel on every shape")
+    parser.add_argument("--grid", action="store_true", help="the kernels' grid: every kernel on every shape")
     parser.add_argument("--config-sweep", nargs="*", choices=sorted(SWEEPS), metavar="SWEEP",
                         help="--grid also times kernel configs on the cells sweep_of() picks: the SWEEPS named "
                              f"({', '.join(SWEEPS)}), every one if none is")

@@ -1,11 +1,10 @@
-"""The Hopper MLA decodes (Gluon: memcheck/kernels/mla_seesaw.py, the default, and memcheck/kernels/mla_hopper.py) on an H200, in one
-device call: their answers against the float32 reference and Triton's kernel on shapes that exercise the split (odd
-lengths, empty sequences, one long sequence merged from many partials, any grid, 16- and 64-token cache blocks, the
-stack's transposed query layout, fewer heads than a 64-head block), then their time beside Triton's (memcheck/kernels/mla.py
-at its default config for the head count, hopper off) on 128- and 16-head cells of issue 14's grid (16 heads: one
-block, 48 rows masked), timed as kernels_h200.py times them (CUDA-graph replays, L2 flushed, layers' caches
-past L2). Triton's interpreter cannot run Gluon: this is the kernels' correctness test on the GPU (the CPU suite only
-compiles them for sm_90).
+"""The Hopper MLA decode (Gluon: memcheck/kernels/mla_seesaw.py, the default on sm_90) on an H200, in one device call:
+its answers against the float32 reference and Triton's kernel on shapes that exercise the split (odd lengths, empty
+sequences, one long sequence merged from many partials, any grid, 16- and 64-token cache blocks, the stack's transposed
+query layout, fewer heads than a 64-head block), then its time beside Triton's (memcheck/kernels/mla.py at its default
+config for the head count, hopper off) on 128- and 16-head cells of the kernels' grid (16 heads: one block, 48 rows
+masked), timed as kernels_h200.py times them (CUDA-graph replays, L2 flushed, layers' caches past L2). Triton's
+interpreter cannot run Gluon: tests/gpu runs these checks as tests (pytest -m gpu).
 
     PYTHONUNBUFFERED=1 python benchmarks/mla_hopper_h200.py [--out DIR] [--cells b8x4K ...] [--variants seesaw ...]
 

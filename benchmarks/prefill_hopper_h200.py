@@ -2,14 +2,13 @@
 float32 reference and Triton's kernel (memcheck/kernels/prefill.py, hopper off) on shapes that exercise it (ragged prompts and
 chunks on cached prefixes, query tiles cut by a sequence's end, cache blocks of 16 to 256 tokens, GQA groups of 1 to
 7, fp16, both launch orders, a cache whose unwritten slots hold NaN), then its time beside Triton's and torch SDPA's
-(flash, on a contiguous cache) on issue 14's dense prefill cells, timed as kernels_h200.py times them (CUDA-graph
-replays, L2 flushed). Triton's interpreter cannot run Gluon: this is the kernel's correctness test on the GPU (the
-CPU suite only compiles it for sm_90).
+(flash, on a contiguous cache) on the kernels' grid's dense prefill cells, timed as kernels_h200.py times them (CUDA-graph
+replays, L2 flushed). Triton's interpreter cannot run Gluon: tests/gpu runs these checks as tests (pytest -m gpu).
 
     PYTHONUNBUFFERED=1 python benchmarks/prefill_hopper_h200.py [--out DIR] [--cells 1x2K 8x2K 2Kon30K ...]
-        [--variants hopper narrow ...] [--rounds N]
+        [--variants hopper ...] [--rounds N]
 
---rounds N times every variant N times, alternately (hopper, narrow, ..., triton, then again), and gives each its
+--rounds N times every variant N times, alternately (hopper, ..., triton, then again), and gives each its
 median: variants a few percent apart are compared on the same minutes of the machine, not one after another.
 
 Writes prefill_hopper_h200.json to DIR ($OUT on the device machine) and prints a short table last.
@@ -118,7 +117,7 @@ def mla_check(heads, seqs, window, gen):
 
 def cell(name):
     """<batch>x<prompt>K (a causal prompt, as 8x2K) or <new>Kon<prefix>K (a chunk on a cached prefix, as 2Kon30K):
-    a GQA 28/4 prefill cell of issue 14's grid; mla<heads>h<prompt>K a decompressed MLA prefill one (argparse's type:
+    a GQA 28/4 prefill cell of the kernels' grid; mla<heads>h<prompt>K a decompressed MLA prefill one (argparse's type:
     a bad name is a usage error)."""
     prompt = re.fullmatch(r"(\d+)x(\d+)K", name)
     chunk = re.fullmatch(r"(\d+)Kon(\d+)K", name)

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = ("suites/r1_long_context.yaml", "suites/v2_moe.yaml")
 PAIRS = (("r1-32k", "r1-32k-tp2"), ("v2-lite-mixed", "v2-lite-mixed-tp2"))
-GOAL = 0.55  # per-rank peak at TP 2 over TP 1, R1 (issue 15)
+GOAL = 0.55  # per-rank peak at TP 2 over TP 1, R1 (the design's goal)
 REPEAT = 0.005  # run 1 vs run 2, every memory metric of every rank
 TIMES = ("tpot", "ttft", "time.wall", "time.warmup")
 MEMORY = ("gpu.heap_alloc.peak", "gpu.reserved.peak", "gpu.device_used.peak", "gpu.heap_alloc.end",

@@ -20,7 +20,7 @@ Key tiles below a consumer's first row run without the mask. The value rows past
 are zeroed in shared memory before they are used, as a cache's unwritten slots may hold anything (0 x NaN would reach
 the output). Every tensor is read through a 2-D TMA view [tokens, columns] whose head h starts at column h x its
 head stride, so views (the stack's q_nope and q_pe, split from one projection) need no copy. Triton's interpreter
-cannot run Gluon: the answers are checked on the GPU by benchmarks/prefill_hopper_h200.py.
+cannot run Gluon: its answers are checked on a GPU by tests/gpu (benchmarks/prefill_hopper_h200.py's checks).
 """
 
 import torch

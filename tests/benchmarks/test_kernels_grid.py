@@ -1,11 +1,11 @@
 """benchmarks/kernels_h200.py --grid: its floor arithmetic and its cell list, on the CPU (nothing timed).
-The floors are checked against the ones issue 14's table implies (its ms over its x floor) at one matmul rate
-and the copy bandwidth of the 2026-11-29 run: the grid must judge new kernels by the floor the issue set."""
+The floors are checked against the ones the quoted table implies (its ms over its x floor) at one matmul rate and the
+H200's copy bandwidth: the grid must judge new kernels by the floor that table set."""
 import pytest
 
 from benchmarks import kernels_h200 as kg
 
-COPY_BPS, MM_FLOPS = 4.28e12, 7.9e14  # kernels_h200_2026-11-29's copy; the rate issue 14's dense prefill rows imply
+COPY_BPS, MM_FLOPS = 4.28e12, 7.9e14  # the H200's copy; the rate the quoted dense prefill rows imply
 
 
 def cell(family, name):
@@ -16,15 +16,15 @@ def floor(c):
     return kg.floor_ms(kg.traffic_bytes(c), kg.attention_flops(c), COPY_BPS, MM_FLOPS)
 
 
-@pytest.mark.parametrize("family,name,issue_ms,issue_x", [
+@pytest.mark.parametrize("family,name,quoted_ms,quoted_x", [
     (kg.MLA_DECODE, "MLA 16h b1 x 64K", 0.48, 27),  # bytes-bound: 64K latent rows of 1152 B
     (kg.PREFILL, "GQA 28/4 1 x 32K causal", 30.5, 3.1),  # FLOP-bound from here on
     (kg.PREFILL, "GQA 28/4 1 x 32K causal", 13.0, 1.3),  # (SDPA's pair of numbers: the same floor)
     (kg.PREFILL, "GQA 28/4 8 x 2K causal", 1.12, 3.7),
     (kg.PREFILL, "GQA 28/4 1 x 2K new on 30K cached", 4.2, 3.6),
 ])
-def test_floor_is_the_issues(family, name, issue_ms, issue_x):
-    assert floor(cell(family, name)) == pytest.approx(issue_ms / issue_x, rel=0.05)
+def test_floor_is_the_quoted_tables(family, name, quoted_ms, quoted_x):
+    assert floor(cell(family, name)) == pytest.approx(quoted_ms / quoted_x, rel=0.05)
 
 
 def test_floor_takes_the_larger_bound():
@@ -53,9 +53,9 @@ def test_cells_over_the_cap_are_skipped_and_listed():
     assert any(c.family == kg.MLA_DECODE and c.batch == 256 and c.context == 131072 for c in cells)  # 38.7 GB
 
 
-def test_issue_rows_run_first_and_every_quote_has_cells():
+def test_quoted_rows_run_first_and_every_quote_has_cells():
     cells, _ = kg.grid_cells(kg.GRID)
-    ranks = [kg.issue_rank(c, kg.GRID) for c in cells]
+    ranks = [kg.quoted_rank(c, kg.GRID) for c in cells]
     assert ranks == sorted(ranks)
     quoted = [c for c in cells if any(q["match"](c, kg.GRID) for q in kg.VLLM_QUOTED)]
     assert cells[:len(quoted)] == quoted

@@ -1,5 +1,5 @@
 """The grid and tiles merge_partials picks for decode's combine, on the H200's 132 multiprocessors, without running it:
-the shapes whose combine the H200 measured (kernels_h200_2026-12-02_*_grid-3, -5)."""
+the shapes whose combine the H200 measured."""
 import pytest
 import torch
 

@@ -41,7 +41,7 @@ def test_every_product_on_the_tensor_cores_and_the_tile_loops_nearly_spill_free(
     """Per consumer: the first tile's scores, then a loop of scores and the last tile's P x V, then the last P x V
     (dense 8 products of k16 each, MLA's scores 8 nope + 4 rope). Each consumer has 240 registers a thread; the tile
     loop found has at most 4 local loads and stores a tile, and the whole kernel at most 256 bytes of spill stores and
-    of loads (dense 76 and 56, MLA 176 and 224 as measured on the H200, run-5; the second consumer at 200 registers
+    of loads (dense 76 and 56, MLA 176 and 224 as measured on the H200; the second consumer at 200 registers
     spills 404 and 400): ptxas spilling more is a regression to measure before it lands."""
     rows = compiled_in_a_child(CHILD, tmp_path)
     assert rows["dense"]["HGMMA"] == 2 * (8 + 8 + 8 + 8), rows["dense"]
