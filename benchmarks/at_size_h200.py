@@ -29,11 +29,12 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import kernels_h200 as kg  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # kernel_bench
+import kernel_bench as kb  # noqa: E402
 from memcheck.kernels.dispatch import sm_count  # noqa: E402
 
 LOG = []
-GOAL_X = {kg.MLA_DECODE: 1.10, kg.DECODE: 1.10, kg.PREFILL: 1.4, kg.MLA_PREFILL: 1.4, kg.MLA_MHA_PREFILL: 1.4}
+GOAL_X = {kb.MLA_DECODE: 1.10, kb.DECODE: 1.10, kb.PREFILL: 1.4, kb.MLA_PREFILL: 1.4, kb.MLA_MHA_PREFILL: 1.4}
 # Streaming reads: (elements a program a step, warps, programs a multiprocessor; None: one program a block)
 READS = ((4096, 4, 16), (8192, 8, 8), (16384, 8, 8), (8192, 8, None))
 REFERENCES = ("read_ms", "cublas_ms", "cudnn_ms")  # a row's times of the references, where they ran
@@ -63,7 +64,7 @@ def _nothing(x_ptr):
 
 
 def sms():
-    return sm_count(torch.device(kg.DEVICE))
+    return sm_count(torch.device(kb.DEVICE))
 
 
 def read_call(buffers, config):
@@ -73,18 +74,18 @@ def read_call(buffers, config):
     block, warps, per_sm = config
     n = buffers[0].numel()
     programs = triton.cdiv(n, block) if per_sm is None else min(per_sm * sms(), triton.cdiv(n, block))
-    out = torch.empty(programs, device=kg.DEVICE, dtype=torch.float32)
+    out = torch.empty(programs, device=kb.DEVICE, dtype=torch.float32)
     return lambda: [_read_once[(programs,)](x, out, n, BLOCK=block, num_warps=warps) for x in buffers]
 
 
 def time_read(c, layers, replays):
     """The fastest read of the cell's cache bytes, per layer (ms), and which read it was."""
-    buffers = [torch.empty(kg.cache_bytes(c) // kg.DTYPE.itemsize, device=kg.DEVICE, dtype=kg.DTYPE).normal_()
+    buffers = [torch.empty(kb.cache_bytes(c) // kb.DTYPE.itemsize, device=kb.DEVICE, dtype=kb.DTYPE).normal_()
                for _ in range(layers)]
     timed = []
     for config in (*READS, "torch.sum"):
         call = read_call(buffers, config)
-        timed.append((kg.bench_graph(call, replays) / layers, str(config)))
+        timed.append((kb.bench_graph(call, replays) / layers, str(config)))
     ms, config = min(timed)
     return {"read_ms": ms, "read_config": config}
 
@@ -92,17 +93,17 @@ def time_read(c, layers, replays):
 def time_products(c, layers, replays):
     """MLA decode's two products by cuBLAS, per layer (ms): scores [b, h, context] then out [b, h, rank]."""
     width = c.head_dim + c.rope
-    latents = [kg.bf16(c.batch, c.context, width) for _ in range(layers)]
-    q = kg.bf16(c.batch, c.q_heads, width)
-    scores = torch.empty(c.batch, c.q_heads, c.context, device=kg.DEVICE, dtype=kg.DTYPE)
-    out = torch.empty(c.batch, c.q_heads, c.head_dim, device=kg.DEVICE, dtype=kg.DTYPE)
+    latents = [kb.bf16(c.batch, c.context, width) for _ in range(layers)]
+    q = kb.bf16(c.batch, c.q_heads, width)
+    scores = torch.empty(c.batch, c.q_heads, c.context, device=kb.DEVICE, dtype=kb.DTYPE)
+    out = torch.empty(c.batch, c.q_heads, c.head_dim, device=kb.DEVICE, dtype=kb.DTYPE)
 
     def step():
         for lat in latents:
             torch.bmm(q, lat.mT, out=scores)
             torch.bmm(scores, lat[..., :c.head_dim], out=out)
 
-    return {"cublas_ms": kg.bench_graph(step, replays) / layers}
+    return {"cublas_ms": kb.bench_graph(step, replays) / layers}
 
 
 def time_cudnn(c, replays):
@@ -111,42 +112,42 @@ def time_cudnn(c, replays):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     qk, v = c.floor_dims or (c.head_dim, c.head_dim)
-    q = kg.bf16(c.batch, c.q_heads, c.new, qk)
-    k, val = kg.bf16(c.batch, c.q_heads, c.context, qk), kg.bf16(c.batch, c.q_heads, c.context, v)
+    q = kb.bf16(c.batch, c.q_heads, c.new, qk)
+    k, val = kb.bf16(c.batch, c.q_heads, c.context, qk), kb.bf16(c.batch, c.q_heads, c.context, v)
 
     def call():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return kg.causal_sdpa(q, k, val, qk ** -0.5)
+            return kb.causal_sdpa(q, k, val, qk ** -0.5)
 
     call()
-    return {"cudnn_ms": kg.bench_graph(call, replays)}
+    return {"cudnn_ms": kb.bench_graph(call, replays)}
 
 
 def boundaries_us(layers=64):
     """One and two empty kernels a layer, each on every multiprocessor, per layer (us)."""
-    x = torch.zeros(1, device=kg.DEVICE)
+    x = torch.zeros(1, device=kb.DEVICE)
     grid = (sms(),)
-    one = kg.bench_graph(lambda: [_nothing[grid](x) for _ in range(layers)]) / layers
-    two = kg.bench_graph(lambda: [_nothing[grid](x) for _ in range(2 * layers)]) / layers
+    one = kb.bench_graph(lambda: [_nothing[grid](x) for _ in range(layers)]) / layers
+    two = kb.bench_graph(lambda: [_nothing[grid](x) for _ in range(2 * layers)]) / layers
     return {"one_kernel_us": one * 1e3, "two_kernels_us": two * 1e3}
 
 
 def measure(c, layers, floor_ms):
     """The references for one cell: {name_ms: ms} and {name_error: why} where one could not run."""
-    row, replays = {}, kg.replays_for(floor_ms * layers)
+    row, replays = {}, kb.replays_for(floor_ms * layers)
     jobs = []
     if c.new == 1:
         jobs.append(("read", lambda: time_read(c, layers, replays)))
-    if c.family == kg.MLA_DECODE:
+    if c.family == kb.MLA_DECODE:
         jobs.append(("cublas", lambda: time_products(c, layers, replays)))
-    if c.family in kg.PREFILLS:
+    if c.family in kb.PREFILLS:
         jobs.append(("cudnn", lambda: time_cudnn(c, replays)))
     for name, job in jobs:
         try:
             row.update(job())
         except Exception as e:  # noqa: BLE001 - e.g. cuDNN refusing the shape: recorded, the next reference runs
             row[name + "_error"] = str(e).splitlines()[0][:200] if str(e) else repr(e)
-        if kg.DEVICE == "cuda":
+        if kb.DEVICE == "cuda":
             torch.cuda.empty_cache()
     return row
 
@@ -154,10 +155,10 @@ def measure(c, layers, floor_ms):
 def grid_rows(path, min_floor_us, g):
     """(cell, the grid's row) for the grid JSON's measured cells with a floor of min_floor_us or more; without a
     JSON (dry run) every cell of g with a nominal H200 floor and no time of ours."""
-    cells = {(c.family, c.name): c for c in kg.all_cells(g)}
+    cells = {(c.family, c.name): c for c in kb.all_cells(g)}
     if path is None:
-        return [(c, {"floor_ms": kg.floor_ms(kg.traffic_bytes(c), kg.attention_flops(c), kg.H200_COPY_BPS,
-                                             kg.H200_MM_FLOPS), "ms": None}) for c in cells.values()]
+        return [(c, {"floor_ms": kb.floor_ms(kb.traffic_bytes(c), kb.attention_flops(c), kb.H200_COPY_BPS,
+                                             kb.H200_MM_FLOPS), "ms": None}) for c in cells.values()]
     try:
         with open(path) as f:
             rows = json.load(f)["rows"]
@@ -187,7 +188,7 @@ def report(rows, bounds):
             f"{x_of(r, 'read_ms'):>6s} {x_of(r, 'cublas_ms'):>6s} {x_of(r, 'cudnn_ms'):>6s} {GOAL_X[r['family']]:5.2f}")
     log("")
     log("per family: cells at or under the goal (ours), and cells where the fastest reference is over the goal itself")
-    for family in kg.FAMILIES:
+    for family in kb.FAMILIES:
         mine = [r for r in rows if r["family"] == family]
         if not mine:
             continue
@@ -205,30 +206,30 @@ def main():
     parser.add_argument("--min-floor-us", type=float, default=10.0, help="cells with a smaller floor are left out")
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
-    parser.add_argument("--flush", choices=("write", "read"), default=kg.FLUSH,
-                        help="how L2 is emptied before each timed replay (kernels_h200.FLUSH): the grid JSON's")
+    parser.add_argument("--flush", choices=("write", "read"), default=kb.FLUSH,
+                        help="how L2 is emptied before each timed replay (kernel_bench.FLUSH): the grid JSON's")
     args = parser.parse_args()
     if not args.dry_run and args.grid_json is None:
         parser.error("--grid-json is needed: the floors and our times come from a grid run on the same start")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    kg.FLUSH = args.flush
+    kb.FLUSH = args.flush
     if args.dry_run:
-        kg.DEVICE = "cpu"
-    g = kg.DRY_GRID if args.dry_run else kg.GRID
+        kb.DEVICE = "cpu"
+    g = kb.DRY_GRID if args.dry_run else kb.GRID
     pairs = grid_rows(args.grid_json, 0.0 if args.dry_run else args.min_floor_us, g)
     if not args.dry_run:  # after the grid JSON: a file it cannot read is named first
-        kg.require_gpu("at_size_h200.py", has_dry_run=True)
+        kb.require_gpu("at_size_h200.py", has_dry_run=True)
     env = {"date": datetime.date.today().isoformat(), "torch": torch.__version__, "triton": triton.__version__,
-           "device": torch.cuda.get_device_name(0) if kg.DEVICE == "cuda" else "cpu (dry run)",
-           "cudnn": torch.backends.cudnn.version() if kg.DEVICE == "cuda" else None, "grid_json": args.grid_json,
-           "flush": kg.FLUSH}
+           "device": torch.cuda.get_device_name(0) if kb.DEVICE == "cuda" else "cpu (dry run)",
+           "cudnn": torch.backends.cudnn.version() if kb.DEVICE == "cuda" else None, "grid_json": args.grid_json,
+           "flush": kb.FLUSH}
     log("env", json.dumps(env))
     bounds = boundaries_us(2 if args.dry_run else 64)
     rows = []
     for c, grid_row in pairs:
         row = {"family": c.family, "name": c.name, "floor_ms": grid_row["floor_ms"], "ms": grid_row.get("ms"),
-               **measure(c, kg.cell_layers(c, g), grid_row["floor_ms"])}
+               **measure(c, kb.cell_layers(c, g), grid_row["floor_ms"])}
         rows.append(row)
         log(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()}))
     report(rows, bounds)

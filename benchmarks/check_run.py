@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from kernels_h200 import copy_bandwidth, matmul_rate
+from kernel_bench import copy_bandwidth, matmul_rate
 
 
 def check_then_time(path, checks, cells, time_cell, gen):

@@ -16,14 +16,14 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import kernels_h200 as grid  # noqa: E402
-from kernels_h200 import Cell, bench_graph, rel_err  # noqa: E402
+import kernel_bench as kb  # noqa: E402
+from kernel_bench import Cell, bench_graph, rel_err  # noqa: E402
 from memcheck.kernels import work_split  # noqa: E402
 
-CELLS = [Cell(grid.MLA_DECODE, b, k * 1024, 1, heads, 1, 512, 64)
+CELLS = [Cell(kb.MLA_DECODE, b, k * 1024, 1, heads, 1, 512, 64)
          for heads, b, k in ((128, 32, 1), (128, 8, 4), (128, 1, 32), (128, 1, 128), (128, 256, 1), (16, 8, 4),
                              (16, 1, 64))]
-CELLS += [Cell(grid.DECODE, b, k * 1024, 1, 28, 4, 128) for b, k in ((32, 1), (1, 32))]
+CELLS += [Cell(kb.DECODE, b, k * 1024, 1, 28, 4, 128) for b, k in ((32, 1), (1, 32))]
 # (name, the module's constants it sets); the first is the default (what earlier sweeps tried and dropped:
 # docs/kernel-decisions.md)
 SETTINGS = [("default", {}), ("32 unrolled", {"COMBINE_UNROLL_J": 32}),
@@ -34,14 +34,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", ".out"))
     args = parser.parse_args()
-    grid.require_gpu("combine_sweep_h200.py")
+    kb.require_gpu("combine_sweep_h200.py")
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     builds = []
     for c in CELLS:
-        layers = grid.cell_layers(c, grid.GRID)
-        build = (grid.mla_decode_cell if c.family == grid.MLA_DECODE else grid.decode_cell)(c, layers, gen)
+        layers = kb.cell_layers(c, kb.GRID)
+        build = (kb.mla_decode_cell if c.family == kb.MLA_DECODE else kb.decode_cell)(c, layers, gen)
         builds.append((c, layers, build, build["reference"]()))
     rows = []
     defaults = {name: getattr(work_split, name) for _, changes in SETTINGS for name in changes}
@@ -50,8 +50,8 @@ def main():
             setattr(work_split, name, value)
         for c, layers, build, ref in builds:
             err = rel_err(build["output"](), ref)
-            us = bench_graph(build["step"], grid.replays_for(0.05)) / layers * 1e3
-            rows.append({"cell": c.name, "setting": setting, "us": us, "rel_err": err, "ok": err < grid.BF16_BOUND})
+            us = bench_graph(build["step"], kb.replays_for(0.05)) / layers * 1e3
+            rows.append({"cell": c.name, "setting": setting, "us": us, "rel_err": err, "ok": err < kb.BF16_BOUND})
             print(json.dumps(rows[-1]), flush=True)
     device = torch.cuda.get_device_name(0)
     with open(os.path.join(args.out, "combine_sweep_h200.json"), "w") as f:

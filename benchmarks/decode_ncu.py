@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.kernels_h200 import DECODE, MLA_DECODE, Cell, decode_cell, mla_decode_cell  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # kernel_bench
+from kernel_bench import DECODE, MLA_DECODE, Cell, decode_cell, mla_decode_cell  # noqa: E402
 from memcheck.kernels import mla  # noqa: E402
 
 CONFIGS = {  # MLA decode variants beside the default: 32-head blocks at 128 heads (mma.sync; the loop spills)

@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.kernels_h200 import (DECODE, GRID, H200_COPY_BPS, H200_MM_FLOPS, MLA_DECODE, Cell,  # noqa: E402
-                                     attention_flops, bench_graph, cell_layers, decode_cell, floor_ms,
-                                     mla_decode_cell, traffic_bytes)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # kernel_bench
+from kernel_bench import (DECODE, GRID, H200_COPY_BPS, H200_MM_FLOPS, MLA_DECODE, Cell,  # noqa: E402
+                          attention_flops, bench_graph, cell_layers, decode_cell, floor_ms, mla_decode_cell,
+                          traffic_bytes)
 from benchmarks import timeline_report  # noqa: E402
 from memcheck.kernels import stamps  # noqa: E402
 

@@ -15,7 +15,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import kernels_h200 as kg  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # kernel_bench
+import kernel_bench as kb  # noqa: E402
 
 CELLS = ("GQA 28/4 b32 x 1K", "GQA 28/4 b1 x 32K", "GQA 32/8 b8 x 4K", "MLA 128h b8 x 4K", "MLA 128h b1 x 32K",
          "MLA 128h b32 x 1K", "MLA 16h b1 x 64K", "MLA 16h b32 x 4K", "MLA 128h b256 x 4K")
@@ -28,19 +29,19 @@ def main():
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: at least 1")
-    kg.require_gpu("flush_ab_h200.py")
+    kb.require_gpu("flush_ab_h200.py")
     os.makedirs(args.out, exist_ok=True)
-    cells = {c.name: c for c in kg.all_cells(kg.GRID) if c.new == 1}
+    cells = {c.name: c for c in kb.all_cells(kb.GRID) if c.new == 1}
     gen, rows = torch.Generator().manual_seed(0), []
     for name in CELLS:
         c = cells[name]
-        layers = kg.cell_layers(c, kg.GRID)
-        step = kg.BUILDERS[c.family](c, layers, gen)["step"]
+        layers = kb.cell_layers(c, kb.GRID)
+        step = kb.BUILDERS[c.family](c, layers, gen)["step"]
         times = {"write": [], "read": []}
         for _ in range(args.rounds):
             for flush in times:
-                kg.FLUSH = flush
-                times[flush].append(kg.bench_graph(step) / layers * 1e3)
+                kb.FLUSH = flush
+                times[flush].append(kb.bench_graph(step) / layers * 1e3)
         row = {"name": name, "layers": layers, **{f"{k}_us": v for k, v in times.items()}}
         row["read_over_write"] = statistics.median(times["read"]) / statistics.median(times["write"])
         rows.append(row)

@@ -7,7 +7,7 @@ last.
 
 A layer is timed as a decode step runs it: one call per layer's cache in a CUDA graph, as many layers as pass 640 MB
 (each layer's cache read from HBM), L2 emptied of the timed data before each replay by reading 256 MB
-(kernels_h200.FLUSH "read": clean lines, as a step's weight reads leave it). The time given is per layer. Floor: the
+(kernel_bench.FLUSH "read": clean lines, as a step's weight reads leave it). The time given is per layer. Floor: the
 layer's bytes (cache, queries, output) at the copy bandwidth measured in the same call (a 4 GiB device-to-device
 copy, bytes read and written). "read": the cache's bytes read once, contiguous, by the fastest of two streaming reads
 (benchmarks/at_size_h200.py's), timed the same way. Dense cells are GQA 28/4 at head_dim 128 (2 KiB a token) with as
@@ -28,7 +28,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import kernels_h200 as kg  # noqa: E402
+import kernel_bench as kb  # noqa: E402
 import mla_hopper_h200 as mh  # noqa: E402
 from at_size_h200 import read_call  # noqa: E402
 from memcheck.kernels import mla  # noqa: E402
@@ -51,11 +51,11 @@ READS = ((8192, 8, 8), (16384, 8, 8))
 
 
 def mla_cell(heads, batch, context):
-    return kg.Cell(kg.MLA_DECODE, batch, context, 1, heads, 1, 512, 64)
+    return kb.Cell(kb.MLA_DECODE, batch, context, 1, heads, 1, 512, 64)
 
 
 def dense_cell(q_heads, kv_heads, batch, context):
-    return kg.Cell(kg.DECODE, batch, context, 1, q_heads, kv_heads, 128)
+    return kb.Cell(kb.DECODE, batch, context, 1, q_heads, kv_heads, 128)
 
 
 def config_of(name, heads):
@@ -69,7 +69,7 @@ def applies(name, heads):
 
 
 def layers_of(c):
-    return max(2, math.ceil(STEP_BYTES / kg.cache_bytes(c)))
+    return max(2, math.ceil(STEP_BYTES / kb.cache_bytes(c)))
 
 
 def graph_of(fn):
@@ -101,29 +101,29 @@ def replay_ms(graph, flush, replays=23, warm=3):
 def build(c, names, gen):
     """(row, {name: graph}) for one cell: its checks against the float32 reference (layer 0) and its graphs."""
     layers = layers_of(c)
-    row = {"cell": c.name, "family": c.family, "cache_mb": kg.cache_bytes(c) / 1e6, "layers": layers,
-           "traffic_bytes": kg.traffic_bytes(c)}
+    row = {"cell": c.name, "family": c.family, "cache_mb": kb.cache_bytes(c) / 1e6, "layers": layers,
+           "traffic_bytes": kb.traffic_bytes(c)}
     graphs = {}
-    if c.family == kg.MLA_DECODE:
-        fns = kg.mla_decode_cell(c, layers, gen)
+    if c.family == kb.MLA_DECODE:
+        fns = kb.mla_decode_cell(c, layers, gen)
         ref = fns["reference"]()
         for name in names:
             if not applies(name, c.q_heads):
                 continue
             cfg = config_of(name, c.q_heads)
             out = fns["output_with"](cfg)
-            row[f"{name}_rel_err"] = kg.rel_err(out, ref) if not out.isnan().any() else math.inf
+            row[f"{name}_rel_err"] = kb.rel_err(out, ref) if not out.isnan().any() else math.inf
             graphs[name] = graph_of(fns["with_config"](cfg))
         del ref
     else:
-        fns = kg.decode_cell(c, layers, gen)
-        row["dense_rel_err"] = kg.rel_err(fns["output"](), fns["reference"]())
+        fns = kb.decode_cell(c, layers, gen)
+        row["dense_rel_err"] = kb.rel_err(fns["output"](), fns["reference"]())
         graphs["dense"] = graph_of(fns["step"])
-    buffers = [torch.empty(kg.cache_bytes(c) // 2, device="cuda", dtype=torch.bfloat16).normal_()
+    buffers = [torch.empty(kb.cache_bytes(c) // 2, device="cuda", dtype=torch.bfloat16).normal_()
                for _ in range(layers)]
     for config in READS:
         graphs[f"read {config}"] = graph_of(read_call(buffers, config))
-    row["ok"] = all(v < kg.BF16_BOUND for k, v in row.items() if k.endswith("_rel_err"))
+    row["ok"] = all(v < kb.BF16_BOUND for k, v in row.items() if k.endswith("_rel_err"))
     return row, graphs, (fns, buffers)
 
 
@@ -138,10 +138,10 @@ def main():
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be 1 or more")
-    kg.require_gpu("mla_bandwidth_h200.py")
+    kb.require_gpu("mla_bandwidth_h200.py")
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    kg.FLUSH = "read"
+    kb.FLUSH = "read"
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     result = {"device": torch.cuda.get_device_name(), "variants": args.variants, "checks": [], "cells": []}
@@ -157,12 +157,12 @@ def main():
         row = mh.check(*spec, gen, checked)
         print("check", json.dumps(row), flush=True)
         result["checks"].append(row)
-    bandwidth = kg.copy_bandwidth()
+    bandwidth = kb.copy_bandwidth()
     result["copy_bandwidth"] = bandwidth
     print(f"copy {bandwidth / 1e12:.3f} TB/s", flush=True)
     cells = [mla_cell(*spec) for spec in CELLS] if args.cells is None else args.cells
     cells += [] if args.no_dense else [dense_cell(*spec) for spec in DENSE]
-    flush = kg.flush_l2()
+    flush = kb.flush_l2()
     for c in cells:
         row, graphs, keep = build(c, args.variants, gen)
         row["floor_us"] = row["traffic_bytes"] / bandwidth * 1e6

@@ -19,12 +19,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import kernels_h200 as grid  # noqa: E402
+import kernel_bench as kb  # noqa: E402
 from check_run import check_then_time  # noqa: E402
-from kernels_h200 import Cell, bench_graph, bf16, rel_err  # noqa: E402
+from kernel_bench import Cell, bench_graph, bf16, rel_err  # noqa: E402
 from memcheck.kernels import mla, reference  # noqa: E402
 
-BOUND = grid.BF16_BOUND  # relative error of a bf16 output against the float32 reference
+BOUND = kb.BF16_BOUND  # relative error of a bf16 output against the float32 reference
 SEESAW = {**mla.MANY_HEADS_CONFIG, "hopper": True}  # memcheck/kernels/mla_seesaw.py, the default
 
 
@@ -73,7 +73,7 @@ def poison_unused(cache, table, lengths):
 
 
 def check(heads, lengths, block_size, programs, gen, variants):
-    table, num_blocks = grid.scattered_tables(lengths, gen, block_size)
+    table, num_blocks = kb.scattered_tables(lengths, gen, block_size)
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     q_lat = bf16(heads, len(lengths), 512).transpose(0, 1)  # the stack's layout
     q_pe, cache, scale = bf16(len(lengths), heads, 64), bf16(num_blocks, block_size, 576), (128 + 64) ** -0.5
@@ -100,18 +100,18 @@ def cell(name):
     found = re.fullmatch(r"(?:(\d+)h:)?b(\d+)x(\d+)K", name)
     if not found:
         raise argparse.ArgumentTypeError(f"{name!r} is not a cell: [<heads>h:]b<batch>x<context>K, as 16h:b8x4K")
-    return Cell(grid.MLA_DECODE, int(found[2]), int(found[3]) * 1024, 1, int(found[1] or 128), 1, 512, 64)
+    return Cell(kb.MLA_DECODE, int(found[2]), int(found[3]) * 1024, 1, int(found[1] or 128), 1, 512, 64)
 
 
 def time_cell(c, bandwidth, rate, gen, timed):
-    layers = grid.cell_layers(c, grid.GRID)
-    floor = grid.floor_ms(grid.traffic_bytes(c), grid.attention_flops(c), bandwidth, rate)
-    build = grid.mla_decode_cell(c, layers, gen)
+    layers = kb.cell_layers(c, kb.GRID)
+    floor = kb.floor_ms(kb.traffic_bytes(c), kb.attention_flops(c), bandwidth, rate)
+    build = kb.mla_decode_cell(c, layers, gen)
     triton_out = build["output_with"](triton_config(c.q_heads))
     row = {"cell": c.name, "floor_us": floor * 1e3}
     for name in timed:
         cfg = triton_config(c.q_heads) if name == "triton" else VARIANTS[name]
-        us = bench_graph(build["with_config"](cfg), grid.replays_for(floor * layers)) / layers * 1e3
+        us = bench_graph(build["with_config"](cfg), kb.replays_for(floor * layers)) / layers * 1e3
         row.update({f"{name}_us": us, f"{name}_x": us / (floor * 1e3)})
         if name != "triton":
             row[f"{name}_rel_err_vs_triton"] = rel_err(build["output_with"](cfg), triton_out)
@@ -126,11 +126,11 @@ def main():
     parser.add_argument("--variants", nargs="*", choices=[*VARIANTS, "triton"], default=[*VARIANTS, "triton"],
                         help="kernels to check and time, the first the one the others are compared with "
                              "(triton: memcheck/kernels/mla.py's own; the others' answers are compared with it either way)")
-    parser.add_argument("--tables", nargs="+", choices=["scattered", "contiguous"], default=[grid.TABLES],
+    parser.add_argument("--tables", nargs="+", choices=["scattered", "contiguous"], default=[kb.TABLES],
                         help="the timed cells' cache blocks: at random places, or each sequence's in order (each "
                              "cell timed with each)")
     args = parser.parse_args()
-    grid.require_gpu("mla_hopper_h200.py")
+    kb.require_gpu("mla_hopper_h200.py")
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
@@ -139,8 +139,8 @@ def main():
     checks = [(f"{spec}", lambda spec=spec: check(*spec, gen, gluon)) for spec in CHECKS]
 
     def timed(cell_tables, bandwidth, rate, gen):
-        c, grid.TABLES = cell_tables  # the checks' tables scattered either way
-        return {**time_cell(c, bandwidth, rate, gen, names), "tables": grid.TABLES}
+        c, kb.TABLES = cell_tables  # the checks' tables scattered either way
+        return {**time_cell(c, bandwidth, rate, gen, names), "tables": kb.TABLES}
 
     result = check_then_time(os.path.join(args.out, "mla_hopper_h200.json"), checks,
                              [(c, t) for t in args.tables for c in args.cells], timed, gen)

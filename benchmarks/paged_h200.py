@@ -456,7 +456,7 @@ def decode_split(device, bandwidth) -> dict:
     and timing calls one by one times the host), against the KV-bytes floor. Reported only: the best differs by
     shape (the decode section runs each kernel's DEFAULT_CONFIG)."""
     from memcheck.kernels import decode, mla
-    from kernels_h200 import bench_graph  # the replay timer of the kernel benchmark (benchmarks/ is on sys.path)
+    from kernel_bench import bench_graph  # the replay timer of the kernel benchmark (benchmarks/ is on sys.path)
 
     gen = torch.Generator(device=device).manual_seed(0)
     rows = []
@@ -534,7 +534,7 @@ def skinny_gemm(device, bandwidth) -> dict:
 
     from memcheck.kernels import skinny_gemm
     from memcheck.kernels.dispatch import sm_count
-    from kernels_h200 import bench_graph  # the replay timer of the kernel benchmark (benchmarks/ is on sys.path)
+    from kernel_bench import bench_graph  # the replay timer of the kernel benchmark (benchmarks/ is on sys.path)
 
     gen = torch.Generator(device=device).manual_seed(0)
     gpu, sms = torch.cuda.get_device_name(device), sm_count(device)

@@ -22,12 +22,12 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import kernels_h200 as grid  # noqa: E402
+import kernel_bench as kb  # noqa: E402
 from check_run import check_then_time  # noqa: E402
-from kernels_h200 import Cell, bench_graph, rel_err  # noqa: E402
+from kernel_bench import Cell, bench_graph, rel_err  # noqa: E402
 from memcheck.kernels import mla_mha, prefill, reference  # noqa: E402
 
-BOUND = grid.BF16_BOUND  # relative error of a bf16 output against the float32 reference
+BOUND = kb.BF16_BOUND  # relative error of a bf16 output against the float32 reference
 HOPPER = {"hopper": True}
 TRITON = {"hopper": False}
 # the Gluon kernel checked and timed beside Triton's; hopper-again: the default once more, last, so that a drift of the
@@ -66,7 +66,7 @@ def poisoned_cache(table, lengths, num_blocks, block_size, kv_heads, dtype):
 
 def check(q_heads, kv_heads, seqs, block_size, dtype, tiles_first, gen):
     lengths, new = [n for n, _ in seqs], [q for _, q in seqs]
-    table, num_blocks = grid.scattered_tables(lengths, gen, block_size)
+    table, num_blocks = kb.scattered_tables(lengths, gen, block_size)
     k, v = (poisoned_cache(table, lengths, num_blocks, block_size, kv_heads, dtype) for _ in range(2))
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     cu = torch.tensor([0] + new, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
@@ -91,7 +91,7 @@ def mla_check(heads, seqs, window, gen):
     """The decompressed MLA prefill against the float32 reference and Triton's kernel: the latent cache paged in
     16-token blocks, kv_b_proj random (scaled as kernels_h200's cell), the context in windows of `window` tokens."""
     lengths, new = [n for n, _ in seqs], [q for _, q in seqs]
-    table, num_blocks = grid.scattered_tables(lengths, gen, 16)
+    table, num_blocks = kb.scattered_tables(lengths, gen, 16)
     cache = torch.randn(num_blocks, 16, 576, device="cuda", dtype=torch.bfloat16)
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     cu = torch.tensor([0] + new, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
@@ -124,22 +124,22 @@ def cell(name):
     mla = re.fullmatch(r"mla(\d+)h(\d+)K", name)
     if mla:
         heads, n = int(mla[1]), int(mla[2]) * 1024
-        rank, rope, qk, v = grid.GRID["rank"], grid.GRID["rope"], *grid.GRID["mla_prefill"][2:]
-        return Cell(grid.MLA_MHA_PREFILL, 1, n, n, heads, 1, rank, rope, (qk, v))
+        rank, rope, qk, v = kb.GRID["rank"], kb.GRID["rope"], *kb.GRID["mla_prefill"][2:]
+        return Cell(kb.MLA_MHA_PREFILL, 1, n, n, heads, 1, rank, rope, (qk, v))
     if prompt:
         batch, context, new = int(prompt[1]), int(prompt[2]) * 1024, int(prompt[2]) * 1024
     elif chunk:
         batch, context, new = 1, (int(chunk[1]) + int(chunk[2])) * 1024, int(chunk[1]) * 1024
     else:
         raise argparse.ArgumentTypeError(f"{name!r} is not a cell: <batch>x<prompt>K or <new>Kon<prefix>K")
-    return Cell(grid.PREFILL, batch, context, new, 28, 4, 128)
+    return Cell(kb.PREFILL, batch, context, new, 28, 4, 128)
 
 
 def time_cell(c, bandwidth, rate, gen):
-    floor = grid.floor_ms(grid.traffic_bytes(c), grid.attention_flops(c), bandwidth, rate)
-    build = grid.BUILDERS[c.family](c, 1, gen)
+    floor = kb.floor_ms(kb.traffic_bytes(c), kb.attention_flops(c), bandwidth, rate)
+    build = kb.BUILDERS[c.family](c, 1, gen)
     triton_out = build["output_with"](TRITON)
-    replays = grid.replays_for(floor)
+    replays = kb.replays_for(floor)
     row = {"cell": c.name, "floor_ms": floor}
     timed = {**TIMED, "triton": TRITON}
     runs = {name: build["with_config"](cfg) for name, cfg in timed.items()}
@@ -154,7 +154,7 @@ def time_cell(c, bandwidth, rate, gen):
             row[f"{name}_rounds_ms"] = times[name]
         if name != "triton":
             row[f"{name}_rel_err_vs_triton"] = rel_err(build["output_with"](cfg), triton_out)
-    sdpa, _ = grid.time_sdpa(build["sdpa"], floor, replays)
+    sdpa, _ = kb.time_sdpa(build["sdpa"], floor, replays)
     row.update({"sdpa_ms": sdpa["ms"], "sdpa_x": sdpa["ms"] / floor, "sdpa_backend": sdpa["backend"]})
     return row
 
@@ -175,7 +175,7 @@ def main():
     ROUNDS = args.rounds
     TIMED.clear()
     TIMED.update({name: VARIANTS[name] for name in args.variants})
-    grid.require_gpu("prefill_hopper_h200.py")
+    kb.require_gpu("prefill_hopper_h200.py")
     os.makedirs(args.out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import kernels_h200 as grid  # noqa: E402
+import kernel_bench as kb  # noqa: E402
 from prefill_hopper_h200 import VARIANTS, cell  # noqa: E402
 import timeline_report  # noqa: E402
 from memcheck.kernels import prefill_hopper  # noqa: E402
@@ -59,15 +59,15 @@ def timeline(rows, ran, rounds):
 
 def run_cell(name, variant, gen):
     c = cell(name)
-    build = grid.BUILDERS[c.family](c, 1, gen)
-    floor = grid.floor_ms(grid.traffic_bytes(c), grid.attention_flops(c), grid.H200_COPY_BPS, grid.H200_MM_FLOPS)
+    build = kb.BUILDERS[c.family](c, 1, gen)
+    floor = kb.floor_ms(kb.traffic_bytes(c), kb.attention_flops(c), kb.H200_COPY_BPS, kb.H200_MM_FLOPS)
     buf = torch.zeros(ROWS, len(prefill_hopper.STAMP_NAMES), dtype=torch.int64, device="cuda")
     cfg = VARIANTS[variant]
-    replays = grid.replays_for(floor)
+    replays = kb.replays_for(floor)
     row = {"cell": name, "variant": variant, "floor_us": floor * 1e3,
-           "off_us": grid.bench_graph(build["with_config"](cfg), replays) * 1e3}
+           "off_us": kb.bench_graph(build["with_config"](cfg), replays) * 1e3}
     buf.zero_()
-    row["on_us"] = grid.bench_graph(build["with_config"]({**cfg, "stamps": buf}), replays) * 1e3
+    row["on_us"] = kb.bench_graph(build["with_config"]({**cfg, "stamps": buf}), replays) * 1e3
     tiles = -(-c.new // prefill_hopper.BLOCK_M)  # query tiles a sequence
     _, rounds = prefill_hopper.rounds_of(tiles * c.q_heads * c.batch, tiles, torch.device("cuda"))
     row.update(timeline(*items(buf.cpu()), rounds))
