@@ -76,6 +76,13 @@ def bench_graph(fn, replays=60):
     sixth of the replays are warm-up."""
     if DEVICE == "cpu":
         return bench(fn)
+    times = replay_times(graph_of(fn), flush_l2(), replays)
+    kept = sorted(times[replays // 6:])
+    return kept[len(kept) // 2]
+
+
+def graph_of(fn):
+    """fn captured in a CUDA graph (run once before, for compiles)."""
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         fn()
@@ -83,7 +90,11 @@ def bench_graph(fn, replays=60):
         with torch.cuda.graph(graph, stream=stream):
             fn()
     torch.cuda.synchronize()
-    flush = flush_l2()
+    return graph
+
+
+def replay_times(graph, flush, replays):
+    """Each replay of a captured CUDA graph, `flush` called before it, in ms."""
     times = []
     for _ in range(replays):
         flush()
@@ -93,8 +104,7 @@ def bench_graph(fn, replays=60):
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    kept = sorted(times[replays // 6:])
-    return kept[len(kept) // 2]
+    return times
 
 
 def copy_bandwidth():

@@ -72,30 +72,9 @@ def layers_of(c):
     return max(2, math.ceil(STEP_BYTES / kb.cache_bytes(c)))
 
 
-def graph_of(fn):
-    """fn captured in a CUDA graph (run once before, for compiles)."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.synchronize()
-    return graph
-
-
 def replay_ms(graph, flush, replays=23, warm=3):
     """Median of the replays after `warm`, L2 flushed before each, ms."""
-    times = []
-    for _ in range(replays):
-        flush()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times[warm:])
+    return statistics.median(kb.replay_times(graph, flush, replays)[warm:])
 
 
 def build(c, names, gen):
@@ -113,16 +92,16 @@ def build(c, names, gen):
             cfg = config_of(name, c.q_heads)
             out = fns["output_with"](cfg)
             row[f"{name}_rel_err"] = kb.rel_err(out, ref) if not out.isnan().any() else math.inf
-            graphs[name] = graph_of(fns["with_config"](cfg))
+            graphs[name] = kb.graph_of(fns["with_config"](cfg))
         del ref
     else:
         fns = kb.decode_cell(c, layers, gen)
         row["dense_rel_err"] = kb.rel_err(fns["output"](), fns["reference"]())
-        graphs["dense"] = graph_of(fns["step"])
+        graphs["dense"] = kb.graph_of(fns["step"])
     buffers = [torch.empty(kb.cache_bytes(c) // 2, device="cuda", dtype=torch.bfloat16).normal_()
                for _ in range(layers)]
     for config in READS:
-        graphs[f"read {config}"] = graph_of(read_call(buffers, config))
+        graphs[f"read {config}"] = kb.graph_of(read_call(buffers, config))
     row["ok"] = all(v < kb.BF16_BOUND for k, v in row.items() if k.endswith("_rel_err"))
     return row, graphs, (fns, buffers)
 
