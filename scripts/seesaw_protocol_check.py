@@ -154,7 +154,7 @@ def partition(me, counts, b, s):
         b[f"l_ready{par}{1 - me}"].wait((segments >> 1) & 1, (segments >> 1) + 1)
         s[f"l{par}{1 - me}"].begin_read(me)
         s[f"l{par}{1 - me}"].end_read(me)
-        s[f"lat{me}{me}"].stage(me)  # a bf16 output staged in v_own (WIDE_STORE), read back before the next loads
+        s[f"lat{me}{me}"].stage(me)  # a bf16 output staged in v_own (_store_wide), read back before the next loads
         jitter()
         segments += 1
 
