@@ -25,6 +25,8 @@ def main(argv=None) -> int:
     p.add_argument("--heap-in-warmup", action="store_true", help="trace the Python heap through a warm-up that is "
                    "the workload once (collect.CollectorOptions.heap_in_warmup)")
     p.add_argument("--sample-period-ms", type=float, default=10.0)
+    p.add_argument("--device-shared", action="store_true", help="other items run on this GPU meanwhile: NVML "
+                   "counts this process tree only (collect.CollectorOptions.device_shared)")
     p.add_argument("--launched-at", type=float, default=None, help="time.time() when the runner started this round")
     # tensor-parallel ranks (memcheck.rank_workers starts one worker per rank)
     p.add_argument("--rank", type=int, default=0)
@@ -57,7 +59,7 @@ def main(argv=None) -> int:
         _write(args.out, m)
         return 0
     options = CollectorOptions(python_heap=args.python_heap, cpu_tensors=args.cpu_tensors,
-                               heap_in_warmup=args.heap_in_warmup,
+                               heap_in_warmup=args.heap_in_warmup, device_shared=args.device_shared,
                                sample_period_s=args.sample_period_ms / 1000)
     if args.world_size > 1:  # one rank of a tensor-parallel item
         from . import rank_workers

@@ -33,6 +33,9 @@ class CollectorOptions:
     # Trace the Python heap through the warm-up of a stack whose warm-up is the workload once (warmup_moves_memory
     # False: hf on a GPU), so the timed round measures host.heap_alloc.peak and needs no memory round of its own.
     heap_in_warmup: bool = False
+    # Other items run on the same GPU at the same time (memcheck/device_share.py): NVML's device-wide reading
+    # would count their memory, so gpu.device_used.peak is this process tree's or null.
+    device_shared: bool = False
 
 
 class Collectors:
@@ -47,7 +50,7 @@ class Collectors:
             from .torch_cuda import CudaAllocatorCollector
 
             self.cuda = CudaAllocatorCollector(device)
-            self.sampler = DeviceSampler(device, self.options.sample_period_s)
+            self.sampler = DeviceSampler(device, self.options.sample_period_s, shared=self.options.device_shared)
         elif self.options.cpu_tensors:
             from .torch_cpu import CpuTensorCollector
 

@@ -19,11 +19,12 @@ POLLER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvml_poll.py"
 
 
 class DeviceSampler:
-    def __init__(self, device, period_s: float = 0.01, pid: int | None = None):
-        """pid: the process (and children) whose device memory NVML counts; this one unless told."""
+    def __init__(self, device, period_s: float = 0.01, pid: int | None = None, shared: bool = False):
+        """pid: the process (and children) whose device memory NVML counts; this one unless told. shared: other
+        items run on the device meanwhile, so NVML's reading is this process tree's or null, never the device's."""
         import torch
 
-        self.torch, self.device, self.period_s = torch, device, period_s
+        self.torch, self.device, self.period_s, self.shared = torch, device, period_s, shared
         self.pid = os.getpid() if pid is None else pid
         self.samples: list[dict] = []
         self._poller: subprocess.Popen | None = None
@@ -46,7 +47,8 @@ class DeviceSampler:
         self.sample()
         uuid = str(self.torch.cuda.get_device_properties(self.device).uuid)
         try:
-            self._poller = subprocess.Popen([sys.executable, POLLER, uuid, str(self.pid), str(self.period_s)],
+            self._poller = subprocess.Popen([sys.executable, POLLER, uuid, str(self.pid), str(self.period_s),
+                                             *(["shared"] if self.shared else [])],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             self._poller.stdout.readline()  # "ready": its first poll is in, before the model is built
         except OSError as e:

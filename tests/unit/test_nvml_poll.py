@@ -39,13 +39,14 @@ FAKE_PYNVML = textwrap.dedent('''
 ''')
 
 
-def poll(tmp_path, uuid, pid, owner, seconds=0.3, fail=False):
+def poll(tmp_path, uuid, pid, owner, seconds=0.3, fail=False, shared=False):
     (tmp_path / "pynvml.py").write_text(FAKE_PYNVML)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "FAKE_NVML_OWNER": str(owner)}
     env.pop("FAKE_NVML_FAIL", None)
     if fail:
         env["FAKE_NVML_FAIL"] = "1"
-    proc = subprocess.Popen([sys.executable, POLLER, uuid, str(pid), "0.01"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, POLLER, uuid, str(pid), "0.01", *(["shared"] if shared else [])],
+                            stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(seconds)
@@ -78,3 +79,13 @@ def test_a_pid_no_process_has_reads_the_whole_device(tmp_path):
     # benchmarks/collector_parts.py times the poller's device-wide query this way (DeviceSampler(pid=...))
     result = poll(tmp_path, "GPU-uuid-0", 2**22 + 1, owner=os.getpid())
     assert result["error"] is None and result["per_process"] is False and result["peak"] == 123456
+
+
+def test_on_a_shared_device_only_the_measured_tree_counts_never_the_whole_device(tmp_path):
+    me = os.getpid()
+    ours = poll(tmp_path, "uuid-1", me, owner=me, shared=True)
+    assert ours["error"] is None and ours["per_process"] is True and 1000 <= ours["peak"] < 1100
+    # No poll attributes memory to our tree: null with the reason, not the device's 123456 bytes (others' memory)
+    unattributed = poll(tmp_path, "GPU-uuid-0", me, owner=999999, shared=True)
+    assert unattributed["peak"] is None and unattributed["per_process"] is None
+    assert "other items share the device" in unattributed["error"]
