@@ -33,6 +33,10 @@ class Measurement:
     # run, teardown (close, collectors), exit (result written, process exit), report (baseline, rules, verdict).
     # Not a metric.
     phases: dict[str, float] = field(default_factory=dict)
+    # What the item cost a GPU runner (memcheck/device_share.py): its share of the GPU's time, each moment split
+    # evenly among the items holding the GPU then, and the seconds it held the GPU at all. None off a GPU.
+    gpu_seconds: float | None = None
+    gpu_held_seconds: float | None = None
 
     def __post_init__(self):
         if isinstance(self.error, dict):  # read from JSON (a worker's result, a report)
@@ -68,6 +72,8 @@ class Measurement:
             **({"ranks": self.ranks} if self.ranks else {}),  # absent at tensor_parallel 1
             **({"model": self.model} if self.model else {}),
             **({"phases": self.phases} if self.phases else {}),
+            **({"gpu_seconds": self.gpu_seconds, "gpu_held_seconds": self.gpu_held_seconds}
+               if self.gpu_seconds is not None else {}),
         }
 
     @classmethod

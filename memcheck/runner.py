@@ -15,7 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from . import environment, forkserver, rank_workers, stacks
+from . import device_share, environment, forkserver, rank_workers, stacks
 from .baselines import MENDING, BaselineStore
 from .errors import StackUnavailable, UsageError
 from .measurement import Measurement
@@ -54,7 +54,41 @@ def measure_item(workload, stack: str, settings: Settings) -> Measurement:
         if missing.software_changed:  # judged against its baseline: the fingerprint names what changed
             m.environment = environment.of_item(_device_type(settings.device), workload.profile, m.digest)
         return m
-    rounds = [_measure_in_worker(workload, stack, settings) for _ in range(workload.rounds)]
+    ledger = _device_ledger(settings.device)
+    if ledger is None:  # the CPU: items at once (-n) share its cores
+        m = _measure_rounds(workload, stack, settings)
+        if settings.parallel_items > 1:
+            _mark_contended(m, f"{settings.parallel_items} items measured at once (-n {settings.parallel_items})")
+        return m
+    claim, alone_because = _claim(ledger, workload, stack, settings)
+    m, held = _measure_holding(ledger, workload, stack, settings, claim)
+    first = held
+    if held.most_at_once > 1 and m.error and m.error.kind is ErrorKind.OOM:
+        why = m.error.message[:300]
+        m, held = _measure_holding(ledger, workload, stack, settings, None)
+        m.notes.append(f"ran out of device memory beside {first.most_at_once - 1} other items ({why}): measured "
+                       "again alone")
+        alone_because = "measured again alone after running out of memory beside others"
+    m.gpu_seconds = round(first.gpu_seconds + (held.gpu_seconds if held is not first else 0.0), 3)
+    m.gpu_held_seconds = round(first.held_seconds + (held.held_seconds if held is not first else 0.0), 3)
+    if held.most_at_once > 1:
+        m.notes.append(held.describe())
+        _mark_contended(m, f"{held.most_at_once} items on the GPU at once (-n {settings.parallel_items})")
+    elif settings.parallel_items > 1:
+        m.notes.append(f"{held.describe()}: {alone_because or 'no other item fitted beside it meanwhile'}")
+    return m
+
+
+def _measure_holding(ledger, workload, stack: str, settings: Settings, claim: int | None):
+    """The item's rounds while it holds the GPU (device_share.py): a claim of bytes lets other items run beside
+    it, whose memory NVML must then not count (the workers' --device-shared)."""
+    with ledger.hold(f"{workload.name}[{stack}]", claim) as held:
+        m = _measure_rounds(workload, stack, settings, shared=claim is not None)
+    return m, held
+
+
+def _measure_rounds(workload, stack: str, settings: Settings, shared: bool = False) -> Measurement:
+    rounds = [_measure_in_worker(workload, stack, settings, shared=shared) for _ in range(workload.rounds)]
     first = rounds[0]
     failed = next((r for r in rounds if r.error or r.skipped), None)
     if not failed and len(rounds) > 1:
@@ -64,16 +98,43 @@ def measure_item(workload, stack: str, settings: Settings) -> Measurement:
         first.phases = {k: round(sum(r.phases.get(k, 0.0) for r in rounds), 3) for k in first.phases}
     if not failed and _left_to_memory_round(first, settings):
         t0 = time.perf_counter()
-        memory_round(workload, stack, settings, first)
+        memory_round(workload, stack, settings, first, shared)
         first.phases["memory_round"] = round(time.perf_counter() - t0, 3)  # a whole round of its own
-    m = failed or first
-    if settings.parallel_items > 1:
-        _mark_contended(m, settings.parallel_items)
-    return m
+    return failed or first
 
 
-def _mark_contended(m: Measurement, items: int) -> None:
-    why = f"measured under contention: {items} items measured at once (-n {items})"
+def _claim(ledger, workload, stack: str, settings: Settings) -> tuple[int | None, str]:
+    """The device memory the item claims (None: the whole GPU), from its baseline's gpu.device_used.peak."""
+    peak = None
+    if settings.parallel_items > 1 and ledger.device_class:
+        try:
+            baseline = BaselineStore(settings.baselines).load(ledger.device_class, workload.name, stack)
+            peak = baseline and (baseline.metrics.get("gpu.device_used.peak") or MetricValue(None)).value
+        except UsageError:  # a corrupt baseline: the item's verdict says so; here it only runs alone
+            peak = None
+    try:
+        stack_cls = stacks.load(stack)
+    except Exception:  # noqa: BLE001 - a stack that cannot load says why from inside its worker, alone
+        return None, "its stack does not load here"
+    return device_share.claim(workload, stack_cls, peak, settings.rootdir, settings.parallel_items)
+
+
+_LEDGERS: dict[tuple[str, int], device_share.Ledger] = {}
+
+
+def _device_ledger(device: str) -> device_share.Ledger | None:
+    """The ledger of the GPU this runner's items run on, or None on the CPU."""
+    kind = _device_type(device)
+    if kind.type != "cuda":
+        return None
+    key = (os.environ.get("CUDA_VISIBLE_DEVICES", ""), kind.index or 0)
+    if key not in _LEDGERS:
+        _LEDGERS[key] = device_share.ledger(*key)
+    return _LEDGERS[key]
+
+
+def _mark_contended(m: Measurement, at_once: str) -> None:
+    why = f"measured under contention: {at_once}"
     for name in CONTENDED:
         v = m.metrics.get(name)
         if v is not None and v.value is not None:
@@ -116,14 +177,14 @@ def _left_to_memory_round(timed: Measurement, s: Settings) -> list[str]:
     return [n for n in wanted if n not in timed.metrics or timed.metrics[n].reason == SWITCHED_OFF[n]]
 
 
-def memory_round(workload, stack: str, settings: Settings, timed: Measurement) -> None:
+def memory_round(workload, stack: str, settings: Settings, timed: Measurement, shared: bool = False) -> None:
     """host.heap_alloc.peak and cpu.heap_alloc.peak from a round of their own, into the timed measurement (and
     its ranks, for a tensor-parallel item): tracemalloc traces every Python allocation (the paged stack decoded
     3x slower under it on an H200) and the CPU allocator's memory events cost 5-12% of an allocation-heavy CPU
     run, so the timed rounds run without either and this round, the same workload in a fresh worker, runs with
     them (neither moves the other's bytes)."""
     wanted = _left_to_memory_round(timed, settings)
-    m = _measure_in_worker(workload, stack, settings, memory_round=True)
+    m = _measure_in_worker(workload, stack, settings, memory_round=True, shared=shared)
     if m.error or m.skipped:
         why = f"the memory round failed: {m.error.message if m.error else m.skipped}"[:500]
         timed.metrics.update({name: MetricValue.null(why) for name in wanted})
@@ -138,7 +199,8 @@ def memory_round(workload, stack: str, settings: Settings, timed: Measurement) -
         rank["metrics"].update({name: ranks.get(rank["rank"], {}).get(name) for name in wanted})
 
 
-def _worker_command(workload, stack: str, s: Settings, out: str, memory_round: bool = False) -> list[str]:
+def _worker_command(workload, stack: str, s: Settings, out: str, memory_round: bool = False,
+                    shared: bool = False) -> list[str]:
     cmd = [_python(stack, s.rootdir), "-m", "memcheck.worker", "--file", workload.path, "--workload", workload.name,
            "--stack", stack, "--device", s.device, "--out", out, "--rootdir", s.rootdir,
            "--sample-period-ms", str(s.sample_period_ms), "--launched-at", repr(time.time())]
@@ -150,16 +212,19 @@ def _worker_command(workload, stack: str, s: Settings, out: str, memory_round: b
         cmd.append("--heap-in-warmup")
     if memory_round and s.cpu_tensors:
         cmd.append("--cpu-tensors")
+    if shared:  # other items on the GPU meanwhile: NVML counts this item's processes only
+        cmd.append("--device-shared")
     return cmd
 
 
-def _measure_in_worker(workload, stack: str, s: Settings, memory_round: bool = False) -> Measurement:
+def _measure_in_worker(workload, stack: str, s: Settings, memory_round: bool = False,
+                       shared: bool = False) -> Measurement:
     # PYTHONSAFEPATH (3.11+): `python -m` leaves the working directory off sys.path, so a repository's own top-level
     # packages (a `kernels/` of its own shadows the Hugging Face `kernels` transformers 5.25 imports) never reach
     # the stack; what is installed and PYTHONPATH still do.
     env = {**os.environ, "PYTHONSAFEPATH": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [_source_root(), os.environ.get("PYTHONPATH")]))}
-    command = lambda out: _worker_command(workload, stack, s, out, memory_round)  # noqa: E731
+    command = lambda out: _worker_command(workload, stack, s, out, memory_round, shared)  # noqa: E731
     if workload.tensor_parallel > 1 and rank_workers.runs_ranks(stack):  # one worker per rank
         return rank_workers.measure_ranks(workload, stack, command,
                                              env, s.timeout_s, lambda rc, err: _death(rc) + _tail(err))

@@ -78,6 +78,12 @@ class Workload:
         return bool(self.overrides)
 
     @property
+    def time_gated(self) -> bool:
+        """Whether this profile judges time metrics: noisy ones are compared only through repeated rounds, so a
+        profile gates time by its `rounds`."""
+        return self.rounds >= rules.MIN_ROUNDS_FOR_BAND
+
+    @property
     def image_tokens(self) -> int:
         """Tokens each image takes in the sequence (0 for text-only presets)."""
         return self.preset.tokens_per_image(self.model_config())

@@ -7,6 +7,7 @@ harness calls nothing that is not declared in this file.
     check(workload, device)            classmethod: raise StackUnavailable(reason) when this runner cannot run it
     check_attention(name, wl, device)  classmethod, stacks with `attentions`: the same for one implementation
     worker_python(rootdir)             classmethod: the interpreter of a stack living in its own environment
+    needs_device_alone(rootdir)        classmethod: why its items cannot share a GPU with others (-n), or None
     prepare()                          build the model and cache: inside the collectors, its memory counts
     warmup()                           compile, autotune, capture graphs: timed as time.warmup
     run(collectors) -> RunResult       serve every request; collectors.step(n, **kv) after each engine step
@@ -67,6 +68,13 @@ class Stack(ABC):
     def worker_python(cls, rootdir: str) -> str | None:
         """The Python interpreter to run this stack's worker with, for a stack that lives in an environment
         of its own (vLLM pins its own torch); None: the harness's own interpreter."""
+        return None
+
+    @classmethod
+    def needs_device_alone(cls, rootdir: str) -> str | None:
+        """Why this stack's items must hold the GPU alone when items are measured at once (memcheck/device_share.py),
+        or None: measured per process (the torch allocator, NVML per process), an item's numbers are its own
+        beside others. Asked by the runner before the item's worker starts."""
         return None
 
     @classmethod

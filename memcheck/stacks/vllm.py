@@ -114,6 +114,13 @@ class VLLMStack(Stack):
         return vllm_python(rootdir)
 
     @classmethod
+    def needs_device_alone(cls, rootdir: str) -> str | None:
+        if vllm_python(rootdir) is None:  # no vLLM here: the item is skipped in a second, holding nothing
+            return None
+        return "vLLM reads the device's free memory at start-up (its memory profile, its check of "\
+               "gpu_memory_utilization): other items' memory would move its numbers"
+
+    @classmethod
     def check(cls, workload, device) -> None:
         if not vllm_importable():
             where = os.environ.get(PYTHON_ENV) or f"{VENV}/bin/python"

@@ -1,0 +1,183 @@
+"""Items at once on one GPU (memcheck/device_share.py): which item may start beside which, what each costs in GPU
+seconds, and the runner's use of it (a claim from the baseline, an item alone where its numbers need it, an item
+that ran out of memory beside others measured again alone). No GPU: the ledger is a file, the workers fakes."""
+import os
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from memcheck import device_share, runner
+from memcheck.measurement import Measurement
+from memcheck.metrics.value import MetricValue
+from memcheck.states import ErrorKind, ItemError
+
+GiB = 1 << 30
+
+
+def ledger(tmp_path, capacity=100 * GiB):
+    return device_share.Ledger(str(tmp_path / "gpu.json"), capacity, poll_s=0.01, device_class="nvidia-h200")
+
+
+def test_a_moment_shared_by_k_items_counts_one_kth_for_each():
+    assert device_share.share(0, 10, []) == (10, 1)
+    seconds, most = device_share.share(0, 10, [[5, 20]])  # alone 5 s, then beside one other 5 s
+    assert seconds == pytest.approx(7.5) and most == 2
+    seconds, most = device_share.share(0, 10, [[0, 10], [2, 4], [20, 30]])  # the last never overlaps
+    assert seconds == pytest.approx(8 / 2 + 2 / 3) and most == 3
+
+
+def hold_in_thread(led, item, claim, seconds, events, held):
+    def body():
+        with led.hold(item, claim) as h:
+            events.append(("start", item, time.monotonic()))
+            time.sleep(seconds)
+            events.append(("end", item, time.monotonic()))
+        held[item] = h
+    t = threading.Thread(target=body)
+    t.start()
+    return t
+
+
+def test_claims_that_fit_run_together_and_the_whole_device_waits_for_them(tmp_path):
+    led, events, held = ledger(tmp_path), [], {}
+    threads = [hold_in_thread(led, "a", 40 * GiB, 0.4, events, held),
+               hold_in_thread(led, "b", 40 * GiB, 0.4, events, held)]
+    time.sleep(0.1)
+    threads.append(hold_in_thread(led, "alone", None, 0.1, events, held))
+    for t in threads:
+        t.join()
+    order = [(kind, item) for kind, item, _ in events]
+    assert order.index(("start", "b")) < order.index(("end", "a"))  # a and b at once
+    assert order.index(("start", "alone")) > max(order.index(("end", "a")), order.index(("end", "b")))
+    assert held["alone"].most_at_once == 1 and held["alone"].gpu_seconds == pytest.approx(
+        held["alone"].held_seconds)
+    assert held["a"].most_at_once == 2 and held["a"].gpu_seconds < held["a"].held_seconds
+    # Every moment the device was held is counted once over the items: their GPU seconds add up to it.
+    starts = min(h.start for h in held.values())
+    ends = max(h.end for h in held.values())
+    busy = ends - starts - max(0.0, held["alone"].start - max(held["a"].end, held["b"].end))
+    assert sum(h.gpu_seconds for h in held.values()) == pytest.approx(busy, abs=0.02)
+
+
+def test_a_claim_that_does_not_fit_waits(tmp_path):
+    led, events, held = ledger(tmp_path, capacity=70 * GiB), [], {}
+    first = hold_in_thread(led, "a", 40 * GiB, 0.3, events, held)
+    time.sleep(0.05)
+    second = hold_in_thread(led, "b", 40 * GiB, 0.05, events, held)  # 80 GiB > 70 GiB less the reserve
+    first.join(), second.join()
+    order = [(kind, item) for kind, item, _ in events]
+    assert order == [("start", "a"), ("end", "a"), ("start", "b"), ("end", "b")]
+
+
+def test_a_holder_whose_process_died_holds_nothing(tmp_path):
+    led = ledger(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with led._locked() as state:
+        state["holders"]["gone"] = {"pid": dead.pid, "item": "x[hf]", "bytes": None, "start": time.time()}
+    with led.hold("y[hf]", None) as held:  # would wait forever behind a whole-device claim of a live holder
+        pass
+    assert held.most_at_once == 1
+
+
+def test_an_unreadable_ledger_starts_afresh(tmp_path):
+    led = ledger(tmp_path)
+    (tmp_path / "gpu.json").write_text("{not json")
+    with led.hold("x[paged]", GiB) as held:
+        pass
+    assert held.gpu_seconds is not None
+
+
+class Stack:
+    @classmethod
+    def needs_device_alone(cls, rootdir):
+        return None
+
+
+class AloneStack(Stack):
+    @classmethod
+    def needs_device_alone(cls, rootdir):
+        return "reads the device's free memory"
+
+
+def workload(rounds=1, tp=1):
+    return SimpleNamespace(rounds=rounds, time_gated=rounds >= 3, tensor_parallel=tp)
+
+
+@pytest.mark.parametrize("wl,stack,peak,at_once,says", [
+    (workload(), Stack, 10 * GiB, 1, "items run one at a time"),
+    (workload(rounds=3), Stack, 10 * GiB, 4, "its time metrics are judged in this profile (3 rounds)"),
+    (workload(), AloneStack, 10 * GiB, 4, "reads the device's free memory"),
+    (workload(tp=2), Stack, 10 * GiB, 4, "a tensor-parallel item holds its GPUs alone"),
+    (workload(), Stack, None, 4, "no baseline gpu.device_used.peak"),
+])
+def test_an_item_claims_the_whole_device_where_its_numbers_need_it(wl, stack, peak, at_once, says):
+    claim, why = device_share.claim(wl, stack, peak, ".", at_once)
+    assert claim is None and says in why
+
+
+def test_an_item_with_a_baseline_claims_its_peak_with_room_to_regress():
+    assert device_share.claim(workload(), Stack, 20 * GiB, ".", 4) == (int(20 * GiB * device_share.CLAIM_MARGIN), "")
+
+
+@pytest.fixture
+def fake_gpu(tmp_path, monkeypatch):
+    """The runner on a 'GPU' whose ledger is a file and whose rounds are scripted."""
+    led = ledger(tmp_path)
+    monkeypatch.setattr(runner, "_device_ledger", lambda device: led)
+    monkeypatch.setattr(runner, "_attention_missing", lambda *a: None)
+    monkeypatch.setattr(runner, "_claim", lambda *a: (10 * GiB, ""))
+    return led
+
+
+def measured(error=None):
+    m = Measurement("w", "hf", metrics={"time.wall": MetricValue(1.0), "gpu.heap_alloc.peak": MetricValue(5)})
+    m.error = error
+    return m
+
+
+def test_an_item_out_of_memory_beside_others_is_measured_again_alone(fake_gpu, monkeypatch):
+    calls = []
+
+    def rounds(wl, stack, settings, shared=False):
+        calls.append(shared)
+        if len(calls) == 1:
+            with fake_gpu.hold("other[paged]", GiB):  # another item holds the GPU while this one runs
+                time.sleep(0.05)
+            return measured(ItemError(ErrorKind.OOM, "CUDA out of memory"))
+        return measured()
+
+    monkeypatch.setattr(runner, "_measure_rounds", rounds)
+    m = runner.measure_item(SimpleNamespace(name="w"), "hf", runner.Settings(parallel_items=2))
+    assert calls == [True, False]  # shared (NVML per process), then alone
+    assert m.error is None and any("measured again alone" in n for n in m.notes)
+    assert m.gpu_seconds > 0 and m.gpu_held_seconds >= m.gpu_seconds
+
+
+def test_time_metrics_are_marked_contended_only_when_another_item_shared_the_gpu(fake_gpu, monkeypatch):
+    monkeypatch.setattr(runner, "_measure_rounds", lambda *a, **k: measured())
+    alone = runner.measure_item(SimpleNamespace(name="w"), "hf", runner.Settings(parallel_items=2))
+    assert alone.metrics["time.wall"].detail is None
+    assert alone.gpu_seconds == pytest.approx(alone.gpu_held_seconds)
+
+    def beside(*a, **k):
+        with fake_gpu.hold("other[paged]", GiB):
+            time.sleep(0.05)
+        return measured()
+
+    monkeypatch.setattr(runner, "_measure_rounds", beside)
+    shared = runner.measure_item(SimpleNamespace(name="w"), "hf", runner.Settings(parallel_items=2))
+    assert "2 items on the GPU at once" in shared.metrics["time.wall"].detail
+    assert shared.gpu_seconds < shared.gpu_held_seconds
+    assert any("beside up to 1 other items" in n for n in shared.notes)
+
+
+def test_the_ledger_file_is_one_per_gpu_in_the_folder_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMCHECK_DEVICE_LEDGER_DIR", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: no capacity, whole-device claims only
+    led = device_share.ledger("0", 0)
+    assert os.path.dirname(led.path) == str(tmp_path) and led.capacity is None and led.device_class is None
