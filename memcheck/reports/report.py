@@ -44,6 +44,14 @@ class Report:
         return any(r.failed for r in self.items)
 
     @property
+    def gpu_seconds(self) -> tuple[float, float, int] | None:
+        """(GPU seconds of every item, seconds the items held a GPU, items measured on one) or None without a GPU."""
+        held = [r.measurement for r in self.items if r.measurement.gpu_seconds is not None]
+        if not held:
+            return None
+        return (sum(m.gpu_seconds for m in held), sum(m.gpu_held_seconds or 0.0 for m in held), len(held))
+
+    @property
     def environment(self) -> dict:
         envs = self.environments
         return envs[0] if envs else {}
@@ -109,7 +117,7 @@ class Report:
 
 _MEASUREMENT_FIELDS = ("workload", "stack", "file", "profile", "scaled", "digest", "metrics", "floors", "environment",
                        "timeline", "artifacts", "notes", "error", "skipped", "rounds", "ranks", "model",
-                       "phases")
+                       "phases", "gpu_seconds", "gpu_held_seconds")
 
 
 def _number(value, what: str):
@@ -128,6 +136,8 @@ def _validate(data: dict) -> None:
             _number(sample, f"a sample of {name[:40]!r}")
     for name, value in (data.get("floors") or {}).items():
         _number(value, f"floor {str(name)[:40]!r}")
+    _number(data.get("gpu_seconds"), "gpu_seconds")
+    _number(data.get("gpu_held_seconds"), "gpu_held_seconds")
     for c in data.get("checks") or []:
         if c.get("status") not in tuple(CheckStatus):
             raise ValueError(f"unknown check status {str(c.get('status'))[:40]!r}")

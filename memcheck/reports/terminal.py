@@ -4,6 +4,7 @@ from __future__ import annotations
 from .. import units
 from ..metrics.catalog import METRICS
 from ..states import Verdict
+from .markdown import unjudged_metrics
 
 # The columns a reviewer scans first; everything else is in the JSON and Markdown reports.
 COLUMNS = ("gpu.heap_alloc.peak", "cpu.heap_alloc.peak", "kv.bytes.peak", "kv.waste.peak", "host.rss.peak")
@@ -13,14 +14,21 @@ def _cell(name: str, value) -> str:
     return "-" if value is None else units.format_value(value, METRICS[name].unit)
 
 
+def _gpu_cell(m) -> str:
+    return "-" if m.gpu_seconds is None else f"{m.gpu_seconds:.1f}"
+
+
 def table(report) -> list[str]:
-    rows = [("item", "verdict", *COLUMNS)]
+    on_gpu = report.gpu_seconds is not None  # what each item cost the GPU runner, in seconds of its GPU
+    rows = [("item", "verdict", *COLUMNS, *(["GPU s"] if on_gpu else []))]
     for r in report.items:
         metrics = r.measurement.metrics
         cells = [_cell(name, metrics[name].value if name in metrics else None) for name in COLUMNS]
-        rows.append((r.id, r.verdict.upper() if r.failed else r.verdict, *cells))
+        rows.append((r.id, r.verdict.upper() if r.failed else r.verdict, *cells,
+                     *([_gpu_cell(r.measurement)] if on_gpu else [])))
         for rank in r.measurement.ranks or ():  # tensor parallel: the item's row is the max across ranks
-            rows.append((f"  rank {rank['rank']}", "", *(_cell(n, rank["metrics"].get(n)) for n in COLUMNS)))
+            rows.append((f"  rank {rank['rank']}", "", *(_cell(n, rank["metrics"].get(n)) for n in COLUMNS),
+                         *([""] if on_gpu else [])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -31,6 +39,15 @@ def table(report) -> list[str]:
             lines.append(f"{r.id}: {r.verdict}, compared across: {', '.join(r.compared_across)}")
         if r.updated:
             lines.append(f"{r.id}: baseline written to {r.baseline_path}: " + "; ".join(r.updated))
+    untimed = unjudged_metrics(report.items)
+    if untimed:  # said once, as in the Markdown report
+        lines.append(f"memcheck: time not gated in this profile (noisy metrics, judged through 3 or more rounds), "
+                     f"not compared: {', '.join(untimed)}")
+    if on_gpu:
+        seconds, held, count = report.gpu_seconds
+        lines.append(f"memcheck: {seconds:.1f} GPU seconds over {count} items" + (
+            f" (they held a GPU {held:.1f} s, sharing it: GPU s splits each moment among the items holding it)"
+            if held > seconds + 0.05 else ""))
     summary = ", ".join(f"{n} {v}" for v, n in report.summary.items())
     lines.append(f"memcheck: {summary or 'no items'}")
     return lines
