@@ -55,6 +55,8 @@ def measure_item(workload, stack: str, settings: Settings) -> Measurement:
             m.environment = environment.of_item(_device_type(settings.device), workload.profile, m.digest)
         return m
     ledger = _device_ledger(settings.device)
+    if ledger is not None and not _runs_on_gpu(workload, stack, settings.rootdir):  # skipped by its worker in a second
+        return _measure_rounds(workload, stack, settings)
     if ledger is None:  # the CPU: items at once (-n) share its cores
         m = _measure_rounds(workload, stack, settings)
         if settings.parallel_items > 1:
@@ -75,7 +77,7 @@ def measure_item(workload, stack: str, settings: Settings) -> Measurement:
         m.notes.append(held.describe())
         _mark_contended(m, f"{held.most_at_once} items on the GPU at once (-n {settings.parallel_items})")
     elif settings.parallel_items > 1:
-        m.notes.append(f"{held.describe()}: {alone_because or 'no other item fitted beside it meanwhile'}")
+        m.notes.append(f"{held.describe()}: {alone_because or 'no other item ran beside it'}")
     return m
 
 
@@ -117,6 +119,18 @@ def _claim(ledger, workload, stack: str, settings: Settings) -> tuple[int | None
     except Exception:  # noqa: BLE001 - a stack that cannot load says why from inside its worker, alone
         return None, "its stack does not load here"
     return device_share.claim(workload, stack_cls, peak, settings.rootdir, settings.parallel_items)
+
+
+def _runs_on_gpu(workload, stack: str, rootdir: str) -> bool:
+    """False for an item its worker will skip at once: its stack is not installed here, or it needs more GPUs than
+    are visible. Such an item holds no GPU (a whole-device claim would make every other item wait for it)."""
+    import torch
+
+    try:
+        installed = stacks.load(stack).installed(rootdir)
+    except Exception:  # noqa: BLE001 - a stack that cannot load says why from inside its worker
+        return False
+    return installed and workload.tensor_parallel <= max(1, torch.cuda.device_count())
 
 
 _LEDGERS: dict[tuple[str, int], device_share.Ledger] = {}

@@ -7,6 +7,7 @@ harness calls nothing that is not declared in this file.
     check(workload, device)            classmethod: raise StackUnavailable(reason) when this runner cannot run it
     check_attention(name, wl, device)  classmethod, stacks with `attentions`: the same for one implementation
     worker_python(rootdir)             classmethod: the interpreter of a stack living in its own environment
+    installed(rootdir)                 classmethod: False where this runner lacks the stack (its items skip)
     needs_device_alone(rootdir)        classmethod: why its items cannot share a GPU with others (-n), or None
     prepare()                          build the model and cache: inside the collectors, its memory counts
     warmup()                           compile, autotune, capture graphs: timed as time.warmup
@@ -69,6 +70,12 @@ class Stack(ABC):
         """The Python interpreter to run this stack's worker with, for a stack that lives in an environment
         of its own (vLLM pins its own torch); None: the harness's own interpreter."""
         return None
+
+    @classmethod
+    def installed(cls, rootdir: str) -> bool:
+        """False where this runner lacks the stack altogether: its items are then skipped by their worker in a
+        second, and hold no GPU meanwhile (memcheck/device_share.py). check() says why, from the worker."""
+        return True
 
     @classmethod
     def needs_device_alone(cls, rootdir: str) -> str | None:

@@ -114,9 +114,11 @@ class VLLMStack(Stack):
         return vllm_python(rootdir)
 
     @classmethod
+    def installed(cls, rootdir: str) -> bool:
+        return vllm_python(rootdir) is not None
+
+    @classmethod
     def needs_device_alone(cls, rootdir: str) -> str | None:
-        if vllm_python(rootdir) is None:  # no vLLM here: the item is skipped in a second, holding nothing
-            return None
         return "vLLM reads the device's free memory at start-up (its memory profile, its check of "\
                "gpu_memory_utilization): other items' memory would move its numbers"
 

@@ -131,6 +131,7 @@ def fake_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "_device_ledger", lambda device: led)
     monkeypatch.setattr(runner, "_attention_missing", lambda *a: None)
     monkeypatch.setattr(runner, "_claim", lambda *a: (10 * GiB, ""))
+    monkeypatch.setattr(runner, "_runs_on_gpu", lambda *a: True)
     return led
 
 
@@ -181,3 +182,20 @@ def test_the_ledger_file_is_one_per_gpu_in_the_folder_asked(tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: no capacity, whole-device claims only
     led = device_share.ledger("0", 0)
     assert os.path.dirname(led.path) == str(tmp_path) and led.capacity is None and led.device_class is None
+
+
+def test_an_item_its_worker_will_skip_holds_no_gpu(fake_gpu, monkeypatch):
+    monkeypatch.setattr(runner, "_runs_on_gpu", lambda *a: False)
+    monkeypatch.setattr(runner, "_measure_rounds", lambda *a, **k: measured())
+    with fake_gpu.hold("big[hf]", None):  # the whole GPU is held: a held item would wait here forever
+        m = runner.measure_item(SimpleNamespace(name="w"), "vllm", runner.Settings(parallel_items=2))
+    assert m.gpu_seconds is None
+
+
+def test_a_stack_that_is_not_installed_or_too_few_gpus_means_the_item_skips(monkeypatch):
+    from memcheck.stacks import vllm
+
+    monkeypatch.setattr(vllm, "vllm_python", lambda rootdir=None: None)
+    assert runner._runs_on_gpu(SimpleNamespace(tensor_parallel=1), "vllm", ".") is False
+    assert runner._runs_on_gpu(SimpleNamespace(tensor_parallel=1), "hf", ".") is True
+    assert runner._runs_on_gpu(SimpleNamespace(tensor_parallel=64), "paged", ".") is False
