@@ -4,11 +4,18 @@ baselines, and the run that checks them. Prints, last, each item's verdict, wher
 
     PYTHONPATH=. python benchmarks/suites_h200.py OUT --run run1 --update [--suites vl,v2,r1-long,r1-batch]
     PYTHONPATH=. python benchmarks/suites_h200.py OUT --run run2 [--suites ...] [--budget-s 560]
+    PYTHONPATH=. python benchmarks/suites_h200.py OUT --run after --suites r1,vl-v2 --at-once 4 --cold-triton-cache \
+        --against-baselines [--probe-hf-single-run v2-4layers]
     python benchmarks/suites_h200.py --compare RUN1 RUN2    # memory metrics run to run: reports or folders (no GPU)
 
 A part starts only if its estimated time (ESTIMATE_S, or --estimates) fits in what is left of --budget-s, so
 one call stays under the device's 10-minute limit; the parts left out are named, to run in the next call.
 The two-GPU items (`-tp2`) are left out: they need a machine of two GPUs (benchmarks/tp_h200x2.py).
+
+`--at-once N` measures N items at once on the GPU (`-n N --dist worksteal`, memcheck/device_share.py).
+`--against-baselines` then prints every gpu.*/kv.* number and verdict beside the committed baseline's, and each
+part's seconds beside BEFORE_S (the parts one at a time, one item at a time). `--probe-hf-single-run W` measures
+W[hf] once with its warm-up left out (the timed run alone) and prints which gpu.*/kv.* numbers that moves.
 """
 from __future__ import annotations
 
@@ -20,26 +27,39 @@ import sys
 import time
 
 # One pytest each: a suite, or a part of one (the R1 suite took 9.6 min before hf's memory round was folded into
-# its warm-up, near one call's 10-minute limit; 5.8 min since).
-R1 = "suites/r1_long_context.yaml"
-PARTS = {"vl": ("suites/deepseek_vl_mixed.yaml", "not tp2"), "v2": ("suites/v2_moe.yaml", "not tp2"),
-         "r1-long": (R1, "(r1-32k or r1-64k or r1-128k) and not tp2"), "r1-batch": (R1, "r1-32x2k or r1-staggered")}
+# its warm-up, near one call's 10-minute limit; 5.8 min since). r1 and vl-v2 are the CI templates' GPU parts.
+R1, VL, V2 = "suites/r1_long_context.yaml", "suites/deepseek_vl_mixed.yaml", "suites/v2_moe.yaml"
+PARTS = {"vl": ((VL,), "not tp2"), "v2": ((V2,), "not tp2"),
+         "r1-long": ((R1,), "(r1-32k or r1-64k or r1-128k) and not tp2"),
+         "r1-batch": ((R1,), "r1-32x2k or r1-staggered"),
+         "r1": ((R1,), "not tp2"), "vl-v2": ((VL, V2), "not tp2")}
+# Seconds per part of the full profile one item at a time, measured on a fresh H200 against the committed baselines
+# (the CI template's parts then); r1 and vl-v2 are their sums.
+BEFORE_S = {"r1-long": 184, "r1-batch": 112, "v2": 160, "vl": 96}
+BEFORE_S.update({"r1": BEFORE_S["r1-long"] + BEFORE_S["r1-batch"], "vl-v2": BEFORE_S["vl"] + BEFORE_S["v2"]})
 # Seconds on an H200, a cold Triton cache, with about 10% to spare (2026-12-01, code b9edd30: r1-long 224 s,
 # r1-batch 125 s, vl 93 s, v2 115-125 s; benchmarks/results/suites_h200_2026-12-01_nvidia-h200.log).
-ESTIMATE_S = {"vl": 105, "v2": 140, "r1-long": 245, "r1-batch": 140}
+ESTIMATE_S = {"vl": 105, "v2": 140, "r1-long": 245, "r1-batch": 140, "r1": 385, "vl-v2": 245}
 # Memory metrics that must repeat run to run (issue 13: within 0.5%); time metrics are compared through rounds.
 MEMORY = ("gpu.heap_alloc.peak", "gpu.heap_alloc.end", "gpu.reserved.peak", "gpu.device_used.peak",
           "gpu.fragmentation.peak", "kv.bytes.peak", "kv.live_bytes.peak", "kv.waste.peak", "kv.page_footprint",
           "host.rss.peak", "host.heap_alloc.peak")
 
 
-def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, profile: str) -> dict | None:
+SECONDS: dict[str, float] = {}  # each part's wall in this call, pytest's start to its exit
+
+
+def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, profile: str,
+             at_once: int = 1) -> dict | None:
     """One suite (or part) through pytest --memcheck; its JSON report, or None if it wrote none."""
     os.makedirs(os.path.join(out, tag), exist_ok=True)
     report = os.path.join(out, tag, f"{key}.json")
+    files, select = PARTS[key]
     cmd = [sys.executable, "-m", "pytest", *_plugin(), "-p", "no:cacheprovider", "-q", "--memcheck",
-           PARTS[key][0], "-k", PARTS[key][1], "--memcheck-profile", profile, "--memcheck-report", report,
+           *files, "-k", select, "--memcheck-profile", profile, "--memcheck-report", report,
            "--memcheck-markdown", os.path.join(out, tag, f"{key}.md"), "--memcheck-durations", "0"]
+    if at_once > 1:
+        cmd += ["-n", str(at_once), "--dist", "worksteal"]
     if baselines:
         cmd += ["--memcheck-baselines", baselines]
     if update:
@@ -48,7 +68,8 @@ def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, 
     t0 = time.time()
     with open(os.path.join(out, tag, f"{key}.log"), "w") as log:
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    print(f"[{tag} {key}] pytest exit {code} in {time.time() - t0:.1f} s", flush=True)
+    SECONDS[key] = time.time() - t0
+    print(f"[{tag} {key}] pytest exit {code} in {SECONDS[key]:.1f} s", flush=True)
     if not os.path.exists(report):
         return None
     with open(report) as f:
@@ -66,14 +87,15 @@ def _plugin() -> list[str]:
 def summary(reports: dict[str, dict]) -> list[tuple]:
     from memcheck import units
 
-    rows = [("item", "verdict", "worker s", "timed s", "memory round s", "gpu.heap_alloc.peak", "above weights",
-             "kv floor", "tokens/s", "how started")]
+    rows = [("item", "verdict", "GPU s", "worker s", "timed s", "memory round s", "gpu.heap_alloc.peak",
+             "above weights", "kv floor", "tokens/s", "how started")]
     for report in reports.values():
         for item in report["items"]:
             m, ph = item["metrics"], item.get("phases") or {}
             peak, weights = (m.get("gpu.heap_alloc.peak") or {}).get("value"), (item.get("floors") or {}).get("weights")
             started = next((n.split(": ", 1)[1][:40] for n in item.get("notes", []) if n.startswith("worker process")), "")
-            rows.append((item["id"], item["verdict"], f"{sum(ph.values()):.1f}",
+            gpu_s = item.get("gpu_seconds")
+            rows.append((item["id"], item["verdict"], "-" if gpu_s is None else f"{gpu_s:.1f}", f"{sum(ph.values()):.1f}",
                          f"{sum(v for k, v in ph.items() if k != 'memory_round'):.1f}",
                          f"{ph.get('memory_round', 0):.1f}", units.format_bytes(peak),
                          units.format_bytes(peak - weights) if peak is not None and weights else "-",
@@ -105,6 +127,84 @@ def repeat_rows(first: dict, second: dict) -> tuple[list[tuple], float]:
     return rows, worst
 
 
+def against_baselines(reports: dict[str, dict]) -> tuple[list[tuple], list[str], dict[str, int]]:
+    """Every gpu.*/kv.* number of every measured item beside its committed baseline's (carried in the report):
+    the rows, the numbers that moved, and the verdicts counted."""
+    from memcheck import units
+    from memcheck.metrics.catalog import METRICS
+
+    rows, moved, verdicts = [("item", "verdict", "metric", "baseline", "now", "same")], [], {}
+    for report in reports.values():
+        for item in report["items"]:
+            verdicts[item["verdict"]] = verdicts.get(item["verdict"], 0) + 1
+            base = (item.get("baseline") or {}).get("metrics") or {}
+            if item["verdict"] == "skipped":
+                continue
+            for name in sorted(set(base) | set(item["metrics"])):
+                if not name.startswith(("gpu.", "kv.")):
+                    continue
+                was, now = (base.get(name) or {}).get("value"), (item["metrics"].get(name) or {}).get("value")
+                same = was == now
+                unit = METRICS[name].unit if name in METRICS else ""
+                rows.append((item["id"], item["verdict"], name, units.format_value(was, unit) if was is not None
+                             else "null", units.format_value(now, unit) if now is not None else "null",
+                             "yes" if same else "NO"))
+                if not same:
+                    moved.append(f"{item['id']} {name}: {was} -> {now}")
+    return rows, moved, verdicts
+
+
+def part_rows(keys: list[str]) -> list[tuple]:
+    """Each part's seconds in this call beside BEFORE_S."""
+    rows = [("part", "before s", "after s", "after / before")]
+    for key in keys:
+        before, after = BEFORE_S.get(key), SECONDS.get(key)
+        rows.append((key, f"{before:.0f}" if before else "-", f"{after:.1f}" if after is not None else "-",
+                     f"{after / before:.2f}" if before and after is not None else "-"))
+    if len(keys) > 1:
+        before = sum(BEFORE_S.get(k, 0) for k in keys)
+        after = sum(SECONDS.get(k, 0.0) for k in keys)
+        rows.append(("all", f"{before:.0f}", f"{after:.1f}", f"{after / before:.2f}" if before else "-"))
+    return rows
+
+
+# W[hf] measured once, its warm-up (the workload once, untimed) left out: what the timed run alone would measure.
+PROBE = ("import sys; from memcheck.stacks.hf import HFStack; HFStack.has_warmup = lambda self: False; "
+         "from memcheck import worker; sys.exit(worker.main(sys.argv[1:]))")
+
+
+def probe_hf_single_run(out: str, names: list[str], baselines: str) -> list[tuple]:
+    """Which gpu.*/kv.* numbers of W[hf] move against the committed baseline when only its timed run runs."""
+    from memcheck import project, stacks
+    from memcheck.workload import load_file
+
+    cfg = project.load(".")
+    where = {w.name: path for path in (R1, VL, V2)
+             for w in load_file(path, "full", stacks.names(), cfg.thresholds)}
+    rows = [("probe: hf without its warm-up", "metric", "baseline", "one run", "same")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    for name in names:
+        if name not in where:
+            raise ValueError(f"--probe-hf-single-run: no workload named {name!r} in {R1}, {VL}, {V2}")
+        result = os.path.join(out, f"probe-{name}-hf.json")
+        t0 = time.time()
+        code = subprocess.call([sys.executable, "-c", PROBE, "--file", where[name], "--workload", name, "--stack",
+                                "hf", "--device", "cuda", "--profile", "full", "--out", result, "--rootdir", ".",
+                                "--no-python-heap", "--no-cpu-tensors"], env=env)
+        print(f"[probe {name}[hf]] exit {code} in {time.time() - t0:.1f} s", flush=True)
+        if not os.path.exists(result):
+            rows.append((f"{name}[hf]", "-", "-", "no result", "-"))
+            continue
+        with open(result) as f:
+            now = json.load(f)["metrics"]
+        with open(os.path.join(baselines, "nvidia-h200", name, "hf.json")) as f:
+            base = json.load(f)["metrics"]
+        for metric in sorted(k for k in base if k.startswith(("gpu.", "kv."))):
+            was, got = base[metric].get("value"), (now.get(metric) or {}).get("value")
+            rows.append((f"{name}[hf]", metric, str(was), str(got), "yes" if was == got else "NO"))
+    return rows
+
+
 def _items(path: str) -> dict:
     """A report's items, or those of every report in a folder (merged.json left out)."""
     files = ([os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith(".json") and f != "merged.json"]
@@ -134,6 +234,12 @@ def main() -> int:
     p.add_argument("--profile", default="full", help="the suites' profile (ci: a check of this script on a CPU)")
     p.add_argument("--baselines", default=None, help="the baselines folder (default: the project's)")
     p.add_argument("--compare", nargs=2, metavar="REPORT.json")
+    p.add_argument("--at-once", type=int, default=1, help="items measured at once on the GPU (pytest -n)")
+    p.add_argument("--cold-triton-cache", action="store_true", help="an empty TRITON_CACHE_DIR under OUT/RUN")
+    p.add_argument("--against-baselines", action="store_true",
+                   help="every gpu.*/kv.* number beside the committed baseline's, and the parts beside BEFORE_S")
+    p.add_argument("--probe-hf-single-run", default="", metavar="W,...",
+                   help="workloads whose hf item is measured once more without its warm-up (after the parts)")
     args = p.parse_args()
     if args.compare:
         try:
@@ -153,6 +259,10 @@ def main() -> int:
     unknown = [key for key in args.suites.split(",") if key not in PARTS]
     if unknown:
         p.error(f"--suites: no part named {', '.join(unknown)} (parts: {', '.join(PARTS)})")
+    if args.cold_triton_cache:
+        cache = os.path.abspath(os.path.join(args.out, args.run, "triton-cache"))
+        os.makedirs(cache, exist_ok=False)  # fails on a folder a previous run left: never a warm cache by mistake
+        os.environ["TRITON_CACHE_DIR"] = cache
     t0, reports, left_out = time.time(), {}, []
     for key in args.suites.split(","):
         left = args.budget_s - (time.time() - t0)
@@ -160,7 +270,7 @@ def main() -> int:
             left_out.append(key)
             print(f"[{args.run} {key}] not started: estimated {estimates[key]:.0f} s, {left:.0f} s left", flush=True)
             continue
-        report = run_part(args.out, args.run, key, args.update, args.baselines, args.profile)
+        report = run_part(args.out, args.run, key, args.update, args.baselines, args.profile, args.at_once)
         if report is not None:
             reports[key] = report
     if reports:  # this call's reports and any an earlier call of the same run left in OUT/RUN
@@ -173,6 +283,21 @@ def main() -> int:
           + (f"; not run: {','.join(left_out)}" if left_out else ""))
     if reports:
         print(table(summary(reports)))
+    probes = [n for n in args.probe_hf_single_run.split(",") if n]
+    probe = probe_hf_single_run(os.path.join(args.out, args.run), probes, args.baselines or "baselines") \
+        if probes else []
+    if args.against_baselines and reports:
+        rows, moved, verdicts = against_baselines(reports)
+        print("\n" + table(rows))
+        if probe:
+            print("\n" + table(probe))
+        print("\n" + table(part_rows([k for k in args.suites.split(",") if k in reports])))
+        same = len(rows) - 1 - len(moved)
+        print(f"verdicts: {', '.join(f'{n} {v}' for v, n in sorted(verdicts.items()))}; gpu.*/kv.* numbers the same "
+              f"as the committed baselines: {same} of {len(rows) - 1}" + (f"; moved: {'; '.join(moved)}" if moved
+                                                                          else ""))
+    elif probe:
+        print("\n" + table(probe))
     return 0
 
 

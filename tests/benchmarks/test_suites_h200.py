@@ -38,10 +38,10 @@ def test_a_runs_folder_is_read_as_one_report_without_its_merge(tmp_path):
 
 
 def test_an_unknown_part_is_a_one_line_error(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["suites_h200.py", str(tmp_path), "--suites", "vl,r1"])
+    monkeypatch.setattr(sys, "argv", ["suites_h200.py", str(tmp_path), "--suites", "vl,r2"])
     with pytest.raises(SystemExit):
         sh.main()
-    assert "--suites: no part named r1 (parts: vl, v2, r1-long, r1-batch)" in capsys.readouterr().err
+    assert "--suites: no part named r2 (parts: vl, v2, r1-long, r1-batch, r1, vl-v2)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,says", [
@@ -54,3 +54,37 @@ def test_a_missing_out_or_an_empty_comparison_is_a_one_line_error(tmp_path, monk
     with pytest.raises(SystemExit):
         sh.main()
     assert says.replace("EMPTY", empty) in capsys.readouterr().err
+
+
+def judged(item_id, verdict, now, base):
+    return {"id": item_id, "verdict": verdict, "metrics": {k: {"value": v} for k, v in now.items()},
+            "baseline": {"metrics": {k: {"value": v} for k, v in base.items()}}}
+
+
+def test_every_gpu_and_kv_number_is_set_beside_its_baseline_and_a_moved_one_is_named():
+    reports = {"r1": {"items": [
+        judged("a[hf]", "pass", {"gpu.heap_alloc.peak": 100, "kv.bytes.peak": 7, "host.rss.peak": 5},
+               {"gpu.heap_alloc.peak": 100, "kv.bytes.peak": 7, "host.rss.peak": 6}),
+        judged("b[paged]", "pass", {"gpu.device_used.peak": None}, {"gpu.device_used.peak": 50}),
+        judged("c[vllm]", "skipped", {}, {})]}}
+    rows, moved, verdicts = sh.against_baselines(reports)
+    assert [r[2:] for r in rows[1:]] == [("gpu.heap_alloc.peak", "100 B", "100 B", "yes"),
+                                         ("kv.bytes.peak", "7 B", "7 B", "yes"),
+                                         ("gpu.device_used.peak", "50 B", "null", "NO")]  # host.* not counted
+    assert moved == ["b[paged] gpu.device_used.peak: 50 -> None"]
+    assert verdicts == {"pass": 2, "skipped": 1}
+
+
+def test_the_parts_seconds_are_set_beside_the_one_at_a_time_run(monkeypatch):
+    monkeypatch.setattr(sh, "SECONDS", {"r1": 148.0, "vl-v2": 100.0})
+    rows = sh.part_rows(["r1", "vl-v2"])
+    assert rows[1] == ("r1", "296", "148.0", "0.50") and rows[-1] == ("all", "552", "248.0", "0.45")
+
+
+def test_the_at_once_run_asks_pytest_for_workers_and_work_stealing(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(sh.subprocess, "call", lambda cmd, **kw: seen.append(cmd) or 0)
+    assert sh.run_part(str(tmp_path), "after", "vl-v2", False, None, "full", at_once=4) is None  # no report written
+    cmd = seen[0]
+    assert cmd[cmd.index("-n") + 1] == "4" and cmd[cmd.index("--dist") + 1] == "worksteal"
+    assert sh.VL in cmd and sh.V2 in cmd and cmd[cmd.index("-k") + 1] == "not tp2"
