@@ -259,10 +259,10 @@ def main() -> int:
     unknown = [key for key in args.suites.split(",") if key not in PARTS]
     if unknown:
         p.error(f"--suites: no part named {', '.join(unknown)} (parts: {', '.join(PARTS)})")
-    if args.cold_triton_cache:
-        cache = os.path.abspath(os.path.join(args.out, args.run, "triton-cache"))
-        os.makedirs(cache, exist_ok=False)  # fails on a folder a previous run left: never a warm cache by mistake
-        os.environ["TRITON_CACHE_DIR"] = cache
+    if args.cold_triton_cache:  # a new empty folder, outside OUT (thousands of files)
+        import tempfile
+
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")
     t0, reports, left_out = time.time(), {}, []
     for key in args.suites.split(","):
         left = args.budget_s - (time.time() - t0)
@@ -288,7 +288,15 @@ def main() -> int:
         if probes else []
     if args.against_baselines and reports:
         rows, moved, verdicts = against_baselines(reports)
-        print("\n" + table(rows))
+        with open(os.path.join(args.out, args.run, "against-baselines.txt"), "w") as f:
+            f.write(table(rows) + "\n")
+        per_item: dict[tuple, list[int]] = {}
+        for row in rows[1:]:
+            counts = per_item.setdefault(row[:2], [0, 0])
+            counts[0] += row[5] == "yes"
+            counts[1] += 1
+        print("\n" + table([("item", "verdict", "gpu.*/kv.* numbers as the baseline's")]
+                            + [(*k, f"{same} of {n}") for k, (same, n) in per_item.items()]))
         if probe:
             print("\n" + table(probe))
         print("\n" + table(part_rows([k for k in args.suites.split(",") if k in reports])))
