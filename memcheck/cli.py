@@ -188,7 +188,8 @@ def main(argv=None) -> int:
     run.add_argument("--durations", metavar="N", type=int, nargs="?", const=0,
                      help="print where each item's time went per phase (the N slowest items; all without N)")
     run.add_argument("-n", metavar="N", dest="workers",
-                     help="measure N items at once (pytest-xdist; time metrics are then under contention)")
+                     help="measure N items at once (pytest-xdist; on a GPU, as many as its memory holds: time metrics are "
+                          "then under contention)")
     baseline = sub.add_parser("baseline", help="manage baselines")
     bsub = baseline.add_subparsers(dest="action", required=True)
     refresh = bsub.add_parser("refresh", help="run workloads and write their baselines, printing what changed")
@@ -239,7 +240,7 @@ def main(argv=None) -> int:
 
             if importlib.util.find_spec("xdist") is None:
                 return _error("-n needs pytest-xdist: pip install 'memcheck[parallel]' (or pytest-xdist)")
-            args += ["-n", ns.workers]
+            args += ["-n", ns.workers, "--dist", "worksteal"]  # a long item never waits behind a queue of others
         return _pytest(args)
     return _pytest(args + ["--memcheck-update-baselines"])
 

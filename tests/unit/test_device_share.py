@@ -199,3 +199,13 @@ def test_a_stack_that_is_not_installed_or_too_few_gpus_means_the_item_skips(monk
     assert runner._runs_on_gpu(SimpleNamespace(tensor_parallel=1), "vllm", ".") is False
     assert runner._runs_on_gpu(SimpleNamespace(tensor_parallel=1), "hf", ".") is True
     assert runner._runs_on_gpu(SimpleNamespace(tensor_parallel=64), "paged", ".") is False
+
+
+def test_memcheck_run_n_measures_items_at_once_with_work_stealing(monkeypatch):
+    from memcheck import cli
+
+    seen = []
+    monkeypatch.setattr(cli, "_pytest", lambda args: seen.append(args) or 0)
+    assert cli.main(["run", "-n", "3", "suites/example.yaml"]) == 0
+    args = seen[0]
+    assert args[args.index("-n") + 1] == "3" and args[args.index("--dist") + 1] == "worksteal"
