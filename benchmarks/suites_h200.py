@@ -37,10 +37,9 @@ PARTS = {"vl": ((VL,), "not tp2"), "v2": ((V2,), "not tp2"),
 # (the CI template's parts then); r1 and vl-v2 are their sums.
 BEFORE_S = {"r1-long": 184, "r1-batch": 112, "v2": 160, "vl": 96}
 BEFORE_S.update({"r1": BEFORE_S["r1-long"] + BEFORE_S["r1-batch"], "vl-v2": BEFORE_S["vl"] + BEFORE_S["v2"]})
-# Seconds on an H200, a cold Triton cache, with about 10% to spare (2026-12-01, code b9edd30: r1-long 224 s,
-# r1-batch 125 s, vl 93 s, v2 115-125 s; benchmarks/results/suites_h200_2026-12-01_nvidia-h200.log).
+# Seconds on an H200, a cold Triton cache, one item at a time, with about 10% to spare.
 ESTIMATE_S = {"vl": 105, "v2": 140, "r1-long": 245, "r1-batch": 140, "r1": 385, "vl-v2": 245}
-# Memory metrics that must repeat run to run (issue 13: within 0.5%); time metrics are compared through rounds.
+# Memory metrics that must repeat run to run (within 0.5%); time metrics are compared through rounds.
 MEMORY = ("gpu.heap_alloc.peak", "gpu.heap_alloc.end", "gpu.reserved.peak", "gpu.device_used.peak",
           "gpu.fragmentation.peak", "kv.bytes.peak", "kv.live_bytes.peak", "kv.waste.peak", "kv.page_footprint",
           "host.rss.peak", "host.heap_alloc.peak")
