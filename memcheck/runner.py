@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -213,9 +214,25 @@ def memory_round(workload, stack: str, settings: Settings, timed: Measurement, s
         rank["metrics"].update({name: ranks.get(rank["rank"], {}).get(name) for name in wanted})
 
 
+_RESOLVED: dict[bytes, str] = {}  # a workload's pickle -> its file: parsed once per item, read by each of its rounds
+
+
+def _resolved(workload) -> str:
+    """The workload as the runner resolved it, in a file its workers read instead of parsing the suite again."""
+    data = pickle.dumps(workload)
+    if data not in _RESOLVED:
+        fd, path = tempfile.mkstemp(prefix="memcheck-workload-", suffix=".pickle")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+        _RESOLVED[data] = path
+    return _RESOLVED[data]
+
+
 def _worker_command(workload, stack: str, s: Settings, out: str, memory_round: bool = False,
                     shared: bool = False) -> list[str]:
     cmd = [_python(stack, s.rootdir), "-m", "memcheck.worker", "--file", workload.path, "--workload", workload.name,
+           "--resolved", _resolved(workload),
            "--stack", stack, "--device", s.device, "--out", out, "--rootdir", s.rootdir,
            "--sample-period-ms", str(s.sample_period_ms), "--launched-at", repr(time.time())]
     if workload.profile:

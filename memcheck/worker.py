@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import sys
 
 
@@ -15,6 +16,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m memcheck.worker")
     p.add_argument("--file", required=True)
     p.add_argument("--workload", required=True)
+    p.add_argument("--resolved", default=None, help="the workload as the runner resolved it (a pickle): read "
+                   "instead of parsing --file again")
     p.add_argument("--stack", required=True)
     p.add_argument("--profile", default=None)
     p.add_argument("--device", default="auto")
@@ -45,12 +48,16 @@ def main(argv=None) -> int:
     from .states import ErrorKind, ItemError
 
     try:
-        cfg = project.load(args.rootdir)
-        found = [w for w in workload.load_file(args.file, args.profile, stacks.names(), cfg.thresholds)
-                 if w.name == args.workload]
-        if not found:
-            raise UsageError(f"no workload named {args.workload!r}", args.file)
-        wl = found[0]
+        if args.resolved:
+            with open(args.resolved, "rb") as f:
+                wl = pickle.load(f)
+        else:
+            cfg = project.load(args.rootdir)
+            found = [w for w in workload.load_file(args.file, args.profile, stacks.names(), cfg.thresholds)
+                     if w.name == args.workload]
+            if not found:
+                raise UsageError(f"no workload named {args.workload!r}", args.file)
+            wl = found[0]
         device = (resolve_device(args.device) if args.world_size == 1
                   else _rank_device(args.device, args.rank))  # a tensor-parallel rank: its own GPU
     except (UsageError, StackUnavailable) as e:

@@ -216,3 +216,17 @@ def test_the_timed_rounds_run_without_the_memory_rounds_collectors(tmp_path):
     assert "--heap-in-warmup" not in _worker_command(wl, "hf", Settings(python_heap=False), "out.json")
     no_heap = _worker_command(wl, "hf", Settings(python_heap=False), "out.json", memory_round=True)
     assert "--python-heap" not in no_heap and "--cpu-tensors" in no_heap
+
+
+def test_an_items_rounds_read_the_workload_the_runner_parsed_once(tmp_path):
+    import pickle
+
+    from memcheck.runner import Settings, _worker_command
+
+    wl = make_workload(tmp_path)
+    timed = _worker_command(wl, "hf", Settings(), "out.json")
+    memory = _worker_command(wl, "hf", Settings(), "out.json", memory_round=True)
+    resolved = timed[timed.index("--resolved") + 1]
+    assert memory[memory.index("--resolved") + 1] == resolved  # one file for every round of the item
+    with open(resolved, "rb") as f:
+        assert pickle.load(f) == wl
