@@ -70,8 +70,8 @@ def test_a_bisect_over_releases_finds_the_release_or_says_there_is_none(pytester
         shutil.copy(ROOT / "tests" / "models" / "configs" / f"{name}.json", configs)
     (configs / "chat.yaml").write_text("""\
 defaults:
-  model: {layers: 2, hidden_size: 64, vocab_size: 512, intermediate_size: 128, heads: 4, kv_heads: 2}
-  requests: [{count: 2, prompt_tokens: 64, max_new_tokens: 8}]
+  model: {layers: 1, hidden_size: 64, vocab_size: 256, intermediate_size: 128, heads: 4, kv_heads: 2}
+  requests: [{count: 2, prompt_tokens: 32, max_new_tokens: 4}]
 workloads:
   - {name: gemma2-chat, model: {config: gemma-2-2b-it.json, head_dim: 16}, stacks: [hf]}
   - {name: llama-chat, model: {config: llama-3.1-8b.json}, stacks: [hf]}

@@ -11,16 +11,12 @@ def report(pytester, name="r.json"):
 
 
 def test_new_pass_regressed_improved(project, monkeypatch):
-    # new: no baseline yet, does not fail
-    result = run(project, "--memcheck", "--memcheck-report", "r.json")
-    assert result.ret == 0
+    # new: no baseline yet, does not fail; recorded by the same run
+    result = run(project, "--memcheck", "--memcheck-report", "r.json", "--memcheck-update-baselines")
+    assert result.ret == 0 and (project.path / BASELINE).is_file()
     item = report(project)["items"][0]
     assert item["id"] == "tiny[toy]" and item["verdict"] == "new"
     assert item["metrics"]["cpu.heap_alloc.peak"]["value"] > 0
-
-    # record the baseline
-    result = run(project, "--memcheck", "--memcheck-update-baselines")
-    assert result.ret == 0 and (project.path / BASELINE).is_file()
     result.stdout.fnmatch_lines(["*tiny[[]toy[]]: baseline written to*"])
 
     # nothing changed: pass
