@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import environment, units
+from .units import is_number
 from .errors import UsageError
 from .measurement import Measurement
 from .metrics.catalog import METRICS
@@ -86,10 +87,6 @@ class BaselineStore:
         return path, _changes(old, m)
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def shape_problem(data: dict) -> str | None:
     """What is of the wrong type in a baseline, at any depth the judging reads ('metrics.kv.bytes.peak.value: "lots"
     is not a number'), or None: a number where a number belongs, a mapping where a mapping belongs."""
@@ -110,13 +107,13 @@ def shape_problem(data: dict) -> str | None:
         where = f"metrics.{name}"
         if not isinstance(metric, dict):
             return f"{where}: not a mapping"
-        if metric.get("value") is not None and not _number(metric["value"]):
+        if metric.get("value") is not None and not is_number(metric["value"]):
             return f"{where}.value: {json.dumps(metric['value'])[:60]} is not a number"
         for text in ("reason", "detail"):
             if metric.get(text) is not None and not isinstance(metric[text], str):
                 return f"{where}.{text}: not text"
         samples = metric.get("samples", [])
-        if not isinstance(samples, list) or not all(_number(v) for v in samples):
+        if not isinstance(samples, list) or not all(is_number(v) for v in samples):
             return f"{where}.samples: not a list of numbers"
         if not (isinstance(metric.get("revision", 1), int) and not isinstance(metric.get("revision", 1), bool)):
             return f"{where}.revision: not a whole number"

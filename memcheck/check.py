@@ -21,13 +21,18 @@ def workload_files(paths: list[str]) -> list[str]:
     return files
 
 
+def entries(data) -> list:
+    """A workload file's entries as written: the file itself, or its `defaults:` and each of its `workloads:`."""
+    if not isinstance(data, dict) or "workloads" not in data:
+        return [data]
+    workloads = data.get("workloads")
+    return [data.get("defaults") or {}, *(workloads if isinstance(workloads, list) else [])]
+
+
 def profiles_named(path: str) -> list[str]:
     """The profiles a file's workloads (or its defaults) override, each checked as `--memcheck-profile` would."""
-    data = yamlfile.load(path).data
-    entries = [data] if not isinstance(data, dict) or "workloads" not in data else \
-        [data.get("defaults") or {}, *(data.get("workloads") or [])]
     names = set()
-    for entry in entries:
+    for entry in entries(yamlfile.load(path).data):
         if isinstance(entry, dict) and isinstance(entry.get("profiles"), dict):
             names |= set(entry["profiles"])
     return sorted(names)

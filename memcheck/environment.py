@@ -50,7 +50,7 @@ def device_class(device=None) -> str:
 
 def torch_is_cpu_only(version_file: str | None = None) -> bool:
     """True when the installed torch is a build for CPUs only (no CUDA, no ROCm), read from its version.py without
-    importing it: importing torch costs a pytest session 2-3 s that a CPU runner only spends to learn this."""
+    importing it: importing torch costs each pytest run 2-3 s that a CPU runner only spends to learn this."""
     import ast
     import importlib.util
     import os

@@ -2,6 +2,8 @@
 baseline stays a few KB a metric and the report can draw the past under today's curve."""
 from __future__ import annotations
 
+from .units import is_number
+
 POINTS = 64
 KEYS = ("gpu.allocated", "gpu.reserved", "host.rss", "kv.bytes", "kv.live_bytes")  # what reports/plot.py draws
 
@@ -9,7 +11,7 @@ KEYS = ("gpu.allocated", "gpu.reserved", "host.rss", "kv.bytes", "kv.live_bytes"
 def downsample(timeline: list[dict], points: int = POINTS) -> list[dict]:
     """Every `step` with the plotted keys; past `points` samples, evenly spaced ones, the first, the last and the
     sample of each key's peak kept (a peak is what a regression moves)."""
-    samples = [{k: p[k] for k in ("step", *KEYS) if _number(p.get(k))} for p in timeline if _number(p.get("step"))]
+    samples = [{k: p[k] for k in ("step", *KEYS) if is_number(p.get(k))} for p in timeline if is_number(p.get("step"))]
     samples = [s for s in samples if len(s) > 1]
     if len(samples) <= points:
         return samples
@@ -22,8 +24,4 @@ def downsample(timeline: list[dict], points: int = POINTS) -> list[dict]:
 
 
 def is_timeline(value) -> bool:
-    return isinstance(value, list) and all(isinstance(p, dict) and all(_number(v) for v in p.values()) for p in value)
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, list) and all(isinstance(p, dict) and all(is_number(v) for v in p.values()) for p in value)

@@ -35,6 +35,11 @@ def is_size(text) -> bool:
     return isinstance(text, str) and bool(_SIZE.match(text))
 
 
+def is_number(value) -> bool:
+    """An int or a float, not a bool (JSON's true would pass isinstance(value, int))."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def format_bytes(n: float | None, signed: bool = False) -> str:
     if n is None:
         return "null"

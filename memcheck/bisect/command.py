@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 from ..errors import UsageError
-from ..metrics.catalog import METRICS
+from ..reports.exports import write_text
 from ..reports.report import Report
-from ..units import format_value
+from ..reports.terminal import aligned, cell
 from . import commits, environments, releases
 from .probe import Probe, judge, locate, run_item
 from .search import BAD, GOOD, SKIP, Outcome, bisect
@@ -65,7 +65,7 @@ def _bisect(ns) -> int:
                 python, cwd, env = str(environments.probe_environment(ns.package, point, CACHE / "envs")), Path("."), {}
             else:
                 tree = commits.worktree(point, CACHE, str(root))
-                python, cwd, env = sys.executable, tree / Path.cwd().relative_to(root), {"PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
+                python, cwd, env = sys.executable, tree / Path.cwd().resolve().relative_to(root.resolve()), {"PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
             run = run_item(python, cwd, node, out.resolve(), ns.profile, env)
         except (environments.InstallFailed, RuntimeError, UsageError) as e:
             result = Probe(point, SKIP, "error", f"cannot run it here: {e}")
@@ -82,10 +82,13 @@ def _bisect(ns) -> int:
                 result = judge(point, run, good[0], str(out))
         probes[point] = result
         print(f"  {point}: {result.status} ({result.verdict}) in {time.monotonic() - t0:.0f} s", flush=True)
+        if point == points[-1] and result.status == SKIP:  # no bad end, nothing to search towards
+            raise UsageError(f"the bad point {point} does not run {node}: {result.reason}")
         return result.status
 
     outcome = bisect(points, probe)
-    shown = _regressed_metrics(probes.get(points[-1])) or [
+    bad = probes.get(points[-1])
+    shown = (bad.regressed if bad and bad.status == BAD else []) or [
         n for n in HEADLINE if any(p.metrics.get(n) is not None for p in probes.values())]
     lines = _table(points, probes, shown)
     verdict = _conclusion(outcome, points, what)
@@ -94,12 +97,12 @@ def _bisect(ns) -> int:
     print("\n".join(lines + ["", verdict, f"({len(probes)} probes in {time.monotonic() - started:.0f} s)"]))
     code = 0 if outcome.first_bad else (2 if outcome.could_be else 1)
     if ns.report:
-        _write(ns.report, json.dumps({
+        write_text(ns.report, json.dumps({
             "item": node, "what": what, "profile": ns.profile, "points": points, "first_bad": outcome.first_bad,
             "could_be": outcome.could_be, "exit": code,
             "probes": [vars(probes[p]) for p in points if p in probes]}, indent=2) + "\n")
     if ns.markdown:
-        _write(ns.markdown, f"## memcheck bisect: `{node}`\n\n" + "\n".join(_markdown(points, probes, shown))
+        write_text(ns.markdown, f"## memcheck bisect: `{node}`\n\n" + "\n".join(_markdown(points, probes, shown))
                + f"\n\n{verdict}\n")
     return code
 
@@ -112,33 +115,18 @@ def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)
 
 
-def _regressed_metrics(bad: Probe | None) -> list[str]:
-    if bad is None or bad.status != BAD:
-        return []
-    names = [part.split(" regressed")[0].strip() for part in bad.reason.split(". ") if " regressed:" in part]
-    return [n for n in names if n in bad.metrics]
-
-
-def _cell(name: str, value) -> str:
-    return "-" if value is None else format_value(value, METRICS[name].unit if name in METRICS else "")
-
-
 def _rows(points: list[str], probes: dict[str, Probe], shown: list[str]) -> list[list[str]]:
     rows = []
     for point in points:
         p = probes.get(point)
         if p is None:
             continue
-        rows.append([point, *(_cell(n, p.metrics.get(n)) for n in shown), f"{p.status} ({p.verdict})"])
+        rows.append([point, *(cell(n, p.metrics.get(n)) for n in shown), f"{p.status} ({p.verdict})"])
     return rows
 
 
 def _table(points, probes, shown) -> list[str]:
-    head = ["point", *shown, "verdict"]
-    rows = [head, *_rows(points, probes, shown)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return [fmt(head), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows[1:])]
+    return aligned([["point", *shown, "verdict"], *_rows(points, probes, shown)])
 
 
 def _markdown(points, probes, shown) -> list[str]:
@@ -155,7 +143,3 @@ def _conclusion(outcome: Outcome, points: list[str], what: str) -> str:
         return f"no single first bad: the skipped points leave any of {', '.join(outcome.could_be)}"
     return f"no regression in {what}: {points[-1]} is not regressed against {points[0]}"
 
-
-def _write(path: str, text: str) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text)

@@ -30,10 +30,13 @@ def probe_environment(package: str, version: str, cache: Path) -> Path:
     if (root / READY).exists():
         return python
     shutil.rmtree(root, ignore_errors=True)
-    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(root)],
-                   check=True, capture_output=True)
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    try:
+        subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(root)],
+                       check=True, capture_output=True, text=True)
+        purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 check=True, capture_output=True, text=True).stdout.strip()
+    except subprocess.CalledProcessError as e:
+        raise InstallFailed(f"cannot make a virtual environment in {root}: {(e.stderr or '').strip()[-300:]}") from None
     Path(purelib, "_memcheck_bisect_base.pth").write_text(f"import site; site.addsitedir({base!r})\n")
     done = subprocess.run(_installer(python, f"{package}=={version}"), capture_output=True, text=True)
     if done.returncode:

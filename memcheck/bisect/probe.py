@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import project, yamlfile
-from ..check import workload_files
+from ..check import entries, workload_files
 from ..compare import compare
 from ..errors import UsageError
 from ..reports.report import Report
+from ..states import CheckStatus
 from ..verdict import ItemResult
 from .search import BAD, GOOD, SKIP
 
@@ -24,6 +25,7 @@ class Probe:
     verdict: str = ""  # against the good point's run
     reason: str = ""
     metrics: dict = field(default_factory=dict)  # name -> value
+    regressed: list[str] = field(default_factory=list)  # the metrics whose rules it broke
 
 
 def locate(item: str, root: str = ".") -> str:
@@ -37,9 +39,7 @@ def locate(item: str, root: str = ".") -> str:
     name = found.group(1)
     suites = project.load(root).suites
     for path in workload_files([os.path.join(root, p) for p in suites]):
-        data = yamlfile.load(path).data
-        entries = data.get("workloads", [data]) if isinstance(data, dict) else []
-        if any(isinstance(e, dict) and e.get("name") == name for e in entries):
+        if any(isinstance(e, dict) and e.get("name") == name for e in entries(yamlfile.load(path).data)):
             return f"{os.path.relpath(path, root)}::{item}"
     raise UsageError(f"no workload named {name!r} in the project's suites ({', '.join(suites)})")
 
@@ -69,4 +69,5 @@ def judge(point: str, run: Report, good: Report, good_path: str) -> Probe:
         return Probe(point, SKIP, ran.verdict, ran.reason, metrics)
     result = compare(good, run, good_path).items[0]
     status = {"regressed": BAD, "pass": GOOD, "improved": GOOD}.get(result.verdict, SKIP)
-    return Probe(point, status, result.verdict, result.reason, metrics)
+    regressed = [c.metric for c in result.checks if c.status == CheckStatus.REGRESSED]
+    return Probe(point, status, result.verdict, result.reason, metrics, regressed)

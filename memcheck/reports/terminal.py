@@ -10,8 +10,16 @@ from .markdown import unjudged_metrics
 COLUMNS = ("gpu.heap_alloc.peak", "cpu.heap_alloc.peak", "kv.bytes.peak", "kv.waste.peak", "host.rss.peak")
 
 
-def _cell(name: str, value) -> str:
-    return "-" if value is None else units.format_value(value, METRICS[name].unit)
+def cell(name: str, value) -> str:
+    return "-" if value is None else units.format_value(value, METRICS[name].unit if name in METRICS else "")
+
+
+def aligned(rows: list[tuple | list]) -> list[str]:
+    """Rows as left-aligned columns, a rule under the first (the header)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
 
 
 def _gpu_cell(m) -> str:
@@ -23,15 +31,13 @@ def table(report) -> list[str]:
     rows = [("item", "verdict", *COLUMNS, *(["GPU s"] if on_gpu else []))]
     for r in report.items:
         metrics = r.measurement.metrics
-        cells = [_cell(name, metrics[name].value if name in metrics else None) for name in COLUMNS]
+        cells = [cell(name, metrics[name].value if name in metrics else None) for name in COLUMNS]
         rows.append((r.id, r.verdict.upper() if r.failed else r.verdict, *cells,
                      *([_gpu_cell(r.measurement)] if on_gpu else [])))
         for rank in r.measurement.ranks or ():  # tensor parallel: the item's row is the max across ranks
-            rows.append((f"  rank {rank['rank']}", "", *(_cell(n, rank["metrics"].get(n)) for n in COLUMNS),
+            rows.append((f"  rank {rank['rank']}", "", *(cell(n, rank["metrics"].get(n)) for n in COLUMNS),
                          *([""] if on_gpu else [])))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = aligned(rows)
     for r in report.items:
         if r.verdict not in (Verdict.PASS, Verdict.NEW) or r.failed:
             lines.append(f"{r.id}: {r.verdict}: {r.reason}")

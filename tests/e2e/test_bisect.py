@@ -62,6 +62,13 @@ def test_a_bisect_over_commits_finds_the_one_that_grew_a_buffer(pytester, monkey
     values = {p["point"]: p["metrics"]["cpu.heap_alloc.peak"] for p in report["probes"]}
     assert values[culprit] > 3.9 * values[good]  # 4 MiB of scratch where there was 1
 
+    (repo / "tests" / "test_step.py").unlink()  # a bad end that cannot run the item: nothing to search towards
+    gone = commit(repo, "the test moves away")
+    done = bisect(repo, "tests/test_step.py::test_step", "--git", f"{good}..{gone}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith(f"memcheck bisect: error: the bad point {gone} does not run ")
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
 
 def test_a_bisect_over_releases_finds_the_release_or_says_there_is_none(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
