@@ -1,0 +1,2 @@
+"""GPU memory predicted on a CPU runner: fake tensors on a fake CUDA device, replayed through a model of the
+caching allocator."""
