@@ -1,10 +1,11 @@
 """The caching-allocator model against hand-computed cases, one rule each (sizes as
-c10/cuda/CUDACachingAllocator.cpp computes them)."""
+c10/cuda/CUDACachingAllocator.cpp computes them), and the cuBLAS workspaces it is given."""
 import random
 
 import pytest
 
 from memcheck.predict.allocator import MiB, CachingAllocator, OutOfMemoryError, allocation_size, round_size
+from memcheck.predict.cublas import CublasWorkspaces, chosen_workspace_size, lt_workspace_size, parse_op
 
 
 def stat(a, key, field="current", kind="all"):
@@ -272,3 +273,62 @@ def test_everything_freed_leaves_only_cache():
     assert s["inactive_split_bytes.all.current"] == 0  # every segment merged back whole
     a.empty_cache()
     assert a.stats()["reserved_bytes.all.current"] == 0
+
+
+# -- cuBLAS workspaces ---------------------------------------------------------------------------
+def test_workspace_sizes():
+    assert chosen_workspace_size((9, 0)) == 32 * MiB
+    assert chosen_workspace_size((8, 0)) == 8 * MiB + 128 * 1024
+    assert chosen_workspace_size((9, 0), {"CUBLAS_WORKSPACE_CONFIG": ":4096:2:16:8"}) == 8 * MiB + 128 * 1024
+    assert chosen_workspace_size((9, 0), {"CUBLAS_WORKSPACE_CONFIG": "bogus"}) == 32 * MiB
+    assert lt_workspace_size((9, 0)) == MiB
+    assert lt_workspace_size((9, 0), {"CUBLASLT_WORKSPACE_SIZE": "65536"}) == 32 * MiB  # capped at cuBLAS's
+    assert lt_workspace_size((9, 0), {"CUBLASLT_WORKSPACE_SIZE": "65536",
+                                      "TORCH_CUBLASLT_UNIFIED_WORKSPACE": "0"}) == 64 * MiB
+    assert parse_op("aten.addmm_.default") == ("addmm", True)
+    assert parse_op("torch.ops.aten._scaled_mm.default") == ("_scaled_mm", False)
+
+
+def test_first_cublas_op_per_stream_allocates_32mib_once_and_keeps_it():
+    a = CachingAllocator()
+    w = CublasWorkspaces(a)
+    w.before_op("aten.add.Tensor")
+    assert stat(a, "allocated_bytes") == 0
+    w.before_op("aten.mm.default")
+    w.before_op("aten.bmm.default")
+    assert stat(a, "allocated_bytes") == stat(a, "reserved_bytes") == 32 * MiB
+    a.empty_cache()
+    assert stat(a, "reserved_bytes") == 32 * MiB  # held by the handle's map
+    w.before_op("aten.mm.default", stream=1)
+    assert stat(a, "allocated_bytes") == 64 * MiB
+
+
+def test_lt_op_adds_a_separate_1mib_workspace():
+    a = CachingAllocator()
+    w = CublasWorkspaces(a)
+    w.before_op("aten.addmm.default")
+    w.before_op("aten._scaled_mm.default")
+    assert stat(a, "allocated_bytes") == 33 * MiB
+    assert stat(a, "reserved_bytes") == 32 * MiB + 2 * MiB  # the 1 MiB comes from a small-pool segment
+    w.before_op("aten.addmm.default", stream=1, lt=False)  # a decode-shaped addmm: cuBLAS only
+    assert stat(a, "allocated_bytes") == 65 * MiB
+    unified = CachingAllocator()
+    CublasWorkspaces(unified, env={"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "1"}).before_op("addmm")
+    assert stat(unified, "allocated_bytes") == 32 * MiB
+
+
+def test_capture_stream_workspace_comes_from_the_private_pool():
+    a = CachingAllocator()
+    w = CublasWorkspaces(a)
+    w.before_op("mm", stream=0)
+    a.begin_allocate_to_pool("g", stream=8)
+    w.at_capture_begin()
+    w.before_op("mm", stream=8)  # a new stream: its workspace is allocated during the capture
+    a.end_allocate_to_pool("g")
+    a.release_pool("g")
+    a.empty_cache()
+    assert stat(a, "reserved_bytes") == 64 * MiB  # the workspace pins the graph's pool
+    w.at_capture_begin(cudagraph_trees=True)  # clearCublasWorkspaces
+    assert stat(a, "allocated_bytes") == 0
+    a.empty_cache()
+    assert stat(a, "reserved_bytes") == 0
