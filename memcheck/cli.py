@@ -19,6 +19,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baselines", metavar="DIR", help="baseline folder (default: baselines/)")
     p.add_argument("--profile", metavar="NAME", help="workload profile (default: ci on CPU, full on GPU)")
     p.add_argument("--device", metavar="DEVICE", help="cpu, cuda or cuda:N")
+    p.add_argument("--predict", metavar="GPU", help="predict the GPU memory for GPU (nvidia-h200) on this CPU runner "
+                   "instead of measuring (default profile: full)")
     p.add_argument("-k", metavar="EXPR", dest="keyword", help="only items matching, as pytest -k")
     p.add_argument("--report", metavar="FILE.json", help="write the JSON report")
     p.add_argument("--markdown", metavar="FILE.md", help="write the Markdown report")
@@ -35,7 +37,7 @@ QUIET = ["-q", "--no-header", "-p", "no:warnings"]
 def _forward(ns) -> list[str]:
     args = ["--memcheck", *ns.paths, *([] if ns.verbose else QUIET)]
     for flag, value in (("--memcheck-baselines", ns.baselines), ("--memcheck-profile", ns.profile),
-                        ("--memcheck-device", ns.device), ("-k", ns.keyword),
+                        ("--memcheck-device", ns.device), ("--memcheck-predict", ns.predict), ("-k", ns.keyword),
                         ("--memcheck-report", ns.report), ("--memcheck-markdown", ns.markdown),
                         ("--memcheck-html", ns.html), ("--junitxml", ns.junitxml)):
         if value:

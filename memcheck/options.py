@@ -21,6 +21,10 @@ def register(parser) -> None:
                     help="workload profile to run (default: ci on a CPU runner, full on a GPU runner)")
     group.addoption("--memcheck-device", metavar="DEVICE", default="auto",
                     help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
+    group.addoption("--memcheck-predict", metavar="GPU", default=None,
+                    help="predict the GPU memory of the workloads for GPU (nvidia-h200) on this CPU runner instead of "
+                         "measuring: fake CUDA tensors, the caching allocator modelled; predicted.gpu.* metrics, "
+                         "judged against baselines/GPU-predicted (default profile: full)")
     group.addoption("--memcheck-timeout", metavar="SECONDS", type=float, default=None,
                     help="give up on one item's round after this many seconds (an error verdict)")
     group.addoption("--memcheck-durations", metavar="N", type=int, default=None,

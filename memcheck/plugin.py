@@ -56,7 +56,13 @@ class MemcheckSession:
             raise pytest.UsageError(str(e)) from None
         opt = config.getoption
         device = opt("memcheck_device")
-        profile = opt("memcheck_profile") or (("ci" if device == "cpu" else default_profile()))
+        predict = opt("memcheck_predict")
+        if predict:
+            from .predict.gpus import GPUS
+
+            if predict not in GPUS:
+                raise pytest.UsageError(f"--memcheck-predict: no GPU named {predict!r} (known: {', '.join(GPUS)})")
+        profile = opt("memcheck_profile") or ("full" if predict else "ci" if device == "cpu" else default_profile())
         baselines = opt("memcheck_baselines") or _relative(os.path.join(root, self.project.baselines))
         self.settings = Settings(
             baselines=baselines, profile=profile, device=device, update_baselines=opt("memcheck_update_baselines"),
@@ -64,6 +70,7 @@ class MemcheckSession:
             sample_period_ms=opt("memcheck_sample_period"), timeout_s=opt("memcheck_timeout"),
             strict_environment=self.project.strict_environment,
             fork_server=not opt("memcheck_no_fork_server"), parallel_items=parallel_items(os.environ),
+            predict=predict,
         )
         self.report = Report(profile=profile)
         self.errors: list[str] = []

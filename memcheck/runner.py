@@ -41,6 +41,7 @@ class Settings:
     strict_environment: tuple[str, ...] = ()  # [tool.memcheck] software fields that make a baseline incomparable
     fork_server: bool = True  # fork each round from a server that imported torch once (forkserver.py)
     parallel_items: int = 1  # items measured at once (pytest-xdist -n): time metrics are then under contention
+    predict: str | None = None  # predict for this GPU on the CPU (memcheck/predict/) instead of measuring
 
 
 FORK_ENV = "MEMCHECK_FORK_SERVER"  # "0": a fresh interpreter per round, as --memcheck-no-fork-server
@@ -91,6 +92,8 @@ def _measure_holding(ledger, workload, stack: str, settings: Settings, claim: in
 
 
 def _measure_rounds(workload, stack: str, settings: Settings, shared: bool = False) -> Measurement:
+    if settings.predict:  # one round: a prediction repeats to the byte and has no time or host memory to judge
+        return _measure_in_worker(workload, stack, settings)
     rounds = [_measure_in_worker(workload, stack, settings, shared=shared) for _ in range(workload.rounds)]
     first = rounds[0]
     failed = next((r for r in rounds if r.error or r.skipped), None)
@@ -237,6 +240,8 @@ def _worker_command(workload, stack: str, s: Settings, out: str, memory_round: b
            "--sample-period-ms", str(s.sample_period_ms), "--launched-at", repr(time.time())]
     if workload.profile:
         cmd += ["--profile", workload.profile]
+    if s.predict:
+        return [*cmd, "--predict", s.predict]
     if memory_round and s.python_heap:  # tracemalloc and the CPU allocator's events: the memory round only
         cmd.append("--python-heap")
     if s.python_heap and not memory_round:  # ... or the warm-up, where it is the workload once (hf on a GPU)

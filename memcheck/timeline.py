@@ -5,7 +5,8 @@ from __future__ import annotations
 from .units import is_number
 
 POINTS = 64
-KEYS = ("gpu.allocated", "gpu.reserved", "host.rss", "kv.bytes", "kv.live_bytes")  # what reports/plot.py draws
+KEYS = ("gpu.allocated", "gpu.reserved", "predicted.gpu.allocated", "predicted.gpu.reserved", "host.rss", "kv.bytes",
+        "kv.live_bytes")  # what reports/plot.py draws
 
 
 def downsample(timeline: list[dict], points: int = POINTS) -> list[dict]:

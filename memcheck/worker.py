@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     p.add_argument("--sample-period-ms", type=float, default=10.0)
     p.add_argument("--device-shared", action="store_true", help="other items run on this GPU meanwhile: NVML "
                    "counts this process tree only (collect.CollectorOptions.device_shared)")
+    p.add_argument("--predict", metavar="GPU", default=None, help="predict the item's GPU memory on this CPU runner "
+                   "(fake CUDA tensors, the caching allocator modelled) for GPU, e.g. nvidia-h200")
     p.add_argument("--launched-at", type=float, default=None, help="time.time() when the runner started this round")
     # tensor-parallel ranks (memcheck.rank_workers starts one worker per rank)
     p.add_argument("--rank", type=int, default=0)
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
             if not found:
                 raise UsageError(f"no workload named {args.workload!r}", args.file)
             wl = found[0]
-        device = (resolve_device(args.device) if args.world_size == 1
+        device = (None if args.predict else resolve_device(args.device) if args.world_size == 1
                   else _rank_device(args.device, args.rank))  # a tensor-parallel rank: its own GPU
     except (UsageError, StackUnavailable) as e:
         m = Measurement(args.workload, args.stack, args.file, args.profile)
@@ -68,6 +70,11 @@ def main(argv=None) -> int:
     options = CollectorOptions(python_heap=args.python_heap, cpu_tensors=args.cpu_tensors,
                                heap_in_warmup=args.heap_in_warmup, device_shared=args.device_shared,
                                sample_period_s=args.sample_period_ms / 1000)
+    if args.predict:
+        from .predict.item import predict
+
+        _write(args.out, predict(wl, args.stack, args.predict, options, launched_at=args.launched_at))
+        return 0
     if args.world_size > 1:  # one rank of a tensor-parallel item
         from . import rank_workers
 

@@ -17,6 +17,7 @@ class MetricSpec:
     # Reported only by these stacks (empty: by every item): an item of another stack that does not report
     # it is not judged for it, rather than listed as not measured.
     stacks: tuple[str, ...] = ()
+    predicted: bool = False  # reported only by predictions (--memcheck-predict), never by a measurement
 
 
 _SPECS = [
@@ -29,6 +30,14 @@ _SPECS = [
                revised="revision 1 sampled the allocator every 10 ms on a thread, which slowed Python-bound stacks"),
     MetricSpec("gpu.alloc_retries", "count", "allocator frees-and-retries (cudaMalloc failed, cache flushed, retried)"),
     MetricSpec("gpu.ooms", "count", "out-of-memory events raised by the allocator"),
+    MetricSpec("predicted.gpu.heap_alloc.peak", "bytes", "gpu.heap_alloc.peak predicted on a CPU runner: the run on "
+               "fake CUDA tensors, its allocations replayed through a model of the caching allocator", predicted=True),
+    MetricSpec("predicted.gpu.reserved.peak", "bytes", "gpu.reserved.peak predicted the same way", predicted=True),
+    MetricSpec("predicted.gpu.heap_alloc.end", "bytes", "gpu.heap_alloc.end predicted the same way", predicted=True),
+    MetricSpec("predicted.gpu.fragmentation.peak", "ratio", "gpu.fragmentation.peak predicted the same way",
+               predicted=True),
+    MetricSpec("predicted.gpu.ooms", "count", "out-of-memory events the allocator model raised at the GPU's capacity",
+               predicted=True),
     MetricSpec("cpu.heap_alloc.peak", "bytes", "peak bytes of live torch CPU tensors, weights included (profiler memory events)"),
     MetricSpec("kv.bytes.peak", "bytes", "peak KV-cache bytes held for the running requests (blocks in use x "
                "bytes per block; a dense cache's tensors)",
@@ -77,9 +86,9 @@ def spec(name: str) -> MetricSpec:
 
 
 def reported_by(name: str, stack: str) -> bool:
-    """Whether items of `stack` are expected to report the metric."""
+    """Whether items of `stack` are expected to report the metric in a measurement (a prediction reports its own)."""
     stacks = METRICS[name].stacks
-    return not stacks or stack in stacks
+    return (not stacks or stack in stacks) and not METRICS[name].predicted
 
 
 def markdown_table() -> str:
@@ -88,6 +97,7 @@ def markdown_table() -> str:
     for m in _SPECS:
         notes = [n for n, on in (("lower is worse", m.lower_is_worse), ("noisy: judged through rounds", m.noisy)) if on]
         notes += [f"{', '.join(m.stacks)} only"] if m.stacks else []
+        notes += ["predictions only"] if m.predicted else []
         extra = f" ({'; '.join(notes)})" if notes else ""
         rows.append(f"| `{m.name}` | {m.unit} | {m.meaning}{extra} |")
     return "\n".join(rows) + "\n"

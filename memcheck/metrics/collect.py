@@ -36,6 +36,8 @@ class CollectorOptions:
     # Other items run on the same GPU at the same time (memcheck/device_share.py): NVML's device-wide reading
     # would count their memory, so gpu.device_used.peak is this process tree's or null.
     device_shared: bool = False
+    # A prediction (memcheck/predict/): the device is fake, its counters the allocator model's; nothing to poll.
+    predicted: bool = False
 
 
 class Collectors:
@@ -50,7 +52,8 @@ class Collectors:
             from .torch_cuda import CudaAllocatorCollector
 
             self.cuda = CudaAllocatorCollector(device)
-            self.sampler = DeviceSampler(device, self.options.sample_period_s, shared=self.options.device_shared)
+            self.sampler = DeviceSampler(device, self.options.sample_period_s, shared=self.options.device_shared,
+                                         nvml=not self.options.predicted)
         elif self.options.cpu_tensors:
             from .torch_cpu import CpuTensorCollector
 

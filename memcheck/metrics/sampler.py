@@ -19,7 +19,8 @@ POLLER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nvml_poll.py"
 
 
 class DeviceSampler:
-    def __init__(self, device, period_s: float = 0.01, pid: int | None = None, shared: bool = False):
+    def __init__(self, device, period_s: float = 0.01, pid: int | None = None, shared: bool = False,
+                 nvml: bool = True):
         """pid: the process (and children) whose device memory NVML counts; this one unless told. shared: other
         items run on the device meanwhile, so NVML's reading is this process tree's or null, never the device's."""
         import torch
@@ -28,7 +29,8 @@ class DeviceSampler:
         self.pid = os.getpid() if pid is None else pid
         self.samples: list[dict] = []
         self._poller: subprocess.Popen | None = None
-        self.nvml_error: str | None = None
+        self.nvml_error: str | None = None if nvml else "no driver to poll"
+        self.nvml = nvml
 
     def sample(self, step: int | None = None) -> dict:
         """The torch allocator's counters now (a stack's step() calls this after each step)."""
@@ -45,6 +47,8 @@ class DeviceSampler:
 
     def start(self) -> None:
         self.sample()
+        if not self.nvml:
+            return
         uuid = str(self.torch.cuda.get_device_properties(self.device).uuid)
         try:
             self._poller = subprocess.Popen([sys.executable, POLLER, uuid, str(self.pid), str(self.period_s),

@@ -16,7 +16,7 @@ from . import plot
 from .report import ORDER
 from .markdown import ICONS, MEMORY_VIZ, _value, bisect_commands, safe_url, split_checks
 from .ranks import rank_columns
-from .terminal import COLUMNS
+from .terminal import COLUMNS, PREDICTED_COLUMNS
 
 
 def environment() -> jinja2.Environment:
@@ -39,7 +39,7 @@ def render(report, artifact_url: str | None = None) -> str:
         workloads.append({"name": name, "results": items, "charts": charts, "baseline": plot.baseline_label(items),
                           "colors": plot.color_of([r.measurement.stack for r in items])})
     ordered = sorted(report.items, key=lambda r: ORDER.index(r.verdict) if r.verdict in ORDER else len(ORDER))
-    columns = [c for c in COLUMNS if any(_measured(r, c) for r in report.items)]
+    columns = [c for c in dict.fromkeys((*PREDICTED_COLUMNS, *COLUMNS)) if any(_measured(r, c) for r in report.items)]
     env_keys = [k for k in dict.fromkeys(k for e in report.environments for k in e) if k != "device_class"]
     return environment().get_template("report.html.j2").render(env_keys=env_keys,
         report=report, ordered=ordered, workloads=workloads, columns=columns, artifact_url=safe_url(artifact_url))

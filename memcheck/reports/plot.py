@@ -24,6 +24,8 @@ LEFT, RIGHT, TOP, BOTTOM = 78, 16, 30, 42
 PANELS = (
     # title, [(timeline key, line label, dashed)]
     ("GPU memory (torch allocator)", (("gpu.allocated", "allocated", False), ("gpu.reserved", "reserved", True))),
+    ("GPU memory predicted (allocator model, fake tensors)",
+     (("predicted.gpu.allocated", "allocated", False), ("predicted.gpu.reserved", "reserved", True))),
     ("Host memory (resident set of the worker process)", (("host.rss", "RSS", False),)),
     ("KV cache", (("kv.bytes", "reserved", False), ("kv.live_bytes", "live", True))),
 )

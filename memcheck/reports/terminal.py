@@ -8,6 +8,13 @@ from .markdown import unjudged_metrics
 
 # The columns a reviewer scans first; everything else is in the JSON and Markdown reports.
 COLUMNS = ("gpu.heap_alloc.peak", "cpu.heap_alloc.peak", "kv.bytes.peak", "kv.waste.peak", "host.rss.peak")
+PREDICTED_COLUMNS = ("predicted.gpu.heap_alloc.peak", "predicted.gpu.reserved.peak", "kv.bytes.peak", "kv.waste.peak")
+
+
+def columns(report) -> tuple[str, ...]:
+    """A prediction's run shows what it predicts; its measured columns would all be null."""
+    predicted = any("predicted.gpu.heap_alloc.peak" in r.measurement.metrics for r in report.items)
+    return PREDICTED_COLUMNS if predicted else COLUMNS
 
 
 def cell(name: str, value) -> str:
@@ -28,14 +35,15 @@ def _gpu_cell(m) -> str:
 
 def table(report) -> list[str]:
     on_gpu = report.gpu_seconds is not None  # what each item cost the GPU runner, in seconds of its GPU
-    rows = [("item", "verdict", *COLUMNS, *(["GPU s"] if on_gpu else []))]
+    shown = columns(report)
+    rows = [("item", "verdict", *shown, *(["GPU s"] if on_gpu else []))]
     for r in report.items:
         metrics = r.measurement.metrics
-        cells = [cell(name, metrics[name].value if name in metrics else None) for name in COLUMNS]
+        cells = [cell(name, metrics[name].value if name in metrics else None) for name in shown]
         rows.append((r.id, r.verdict.upper() if r.failed else r.verdict, *cells,
                      *([_gpu_cell(r.measurement)] if on_gpu else [])))
         for rank in r.measurement.ranks or ():  # tensor parallel: the item's row is the max across ranks
-            rows.append((f"  rank {rank['rank']}", "", *(cell(n, rank["metrics"].get(n)) for n in COLUMNS),
+            rows.append((f"  rank {rank['rank']}", "", *(cell(n, rank["metrics"].get(n)) for n in shown),
                          *([""] if on_gpu else [])))
     lines = aligned(rows)
     for r in report.items:

@@ -6,6 +6,8 @@ harness calls nothing that is not declared in this file.
 
     check(workload, device)            classmethod: raise StackUnavailable(reason) when this runner cannot run it
     check_attention(name, wl, device)  classmethod, stacks with `attentions`: the same for one implementation
+    check_prediction(workload)         classmethod: raise StackUnavailable(reason) where a prediction (fake CUDA
+                                       tensors on a CPU runner, memcheck/predict/) cannot run the workload
     worker_python(rootdir)             classmethod: the interpreter of a stack living in its own environment
     installed(rootdir)                 classmethod: False where this runner lacks the stack (its items skip)
     needs_device_alone(rootdir)        classmethod: why its items cannot share a GPU with others (-n), or None
@@ -27,6 +29,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from ..errors import StackUnavailable
 from ..metrics.value import MetricValue
 
 
@@ -93,6 +96,14 @@ class Stack(ABC):
         """Raise StackUnavailable(reason) if the pinned attention implementation cannot run on this runner (not
         installed, needs a GPU), SoftwareUnsupported if the installed software does not implement it for this
         model. Called only for items that pin one (`NAME:IMPL`)."""
+
+    @classmethod
+    def check_prediction(cls, workload) -> None:
+        """Raise StackUnavailable(reason) where the workload cannot be predicted: run on fake CUDA tensors (shapes,
+        no values) with its kernels launched as no-ops. A stack qualifies when nothing it decides reads a value
+        computed on the device. The default: not shown to run under a prediction."""
+        raise StackUnavailable(f"the {cls.name or cls.__name__} stack has not been shown to run under a prediction "
+                               "(fake CUDA tensors on a CPU runner)")
 
     @abstractmethod
     def prepare(self) -> None:

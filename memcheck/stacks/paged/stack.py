@@ -60,6 +60,14 @@ class PagedStack(Stack):
             except ImportError as e:
                 raise StackUnavailable(f"the paged stack's CUDA kernels need triton ({e})") from None
 
+    @classmethod
+    def check_prediction(cls, workload) -> None:
+        """The engine's schedule never reads a token's value (greedy, every request to its max_new_tokens) and its
+        kernels write into buffers it allocated: a fake launch is enough. Ranks at tensor_parallel > 1 need a
+        process group of GPUs (NCCL) that a fake device does not have."""
+        if workload.tensor_parallel > 1:
+            raise StackUnavailable("a prediction runs one fake GPU: tensor_parallel > 1 needs an NCCL group of GPUs")
+
     def prepare(self) -> None:
         import torch
 
