@@ -27,6 +27,13 @@ class HFStack(Stack):
     warmup_moves_memory = False  # the warm-up is the workload once: the host heap is traced through it
 
     @classmethod
+    def check_prediction(cls, workload) -> None:
+        raise StackUnavailable("transformers' generate() decides after every step whether to stop from a value "
+                               "computed on the device (GenerationMixin._sample: `unfinished_sequences.max() == 0`, "
+                               "then `if this_peer_finished`), which a fake tensor does not have: the loop's length "
+                               "would be a guess")
+
+    @classmethod
     def check(cls, workload, device) -> None:
         try:
             import transformers  # noqa: F401

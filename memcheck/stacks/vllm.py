@@ -123,6 +123,11 @@ class VLLMStack(Stack):
                "gpu_memory_utilization): other items' memory would move its numbers"
 
     @classmethod
+    def check_prediction(cls, workload) -> None:
+        raise StackUnavailable("vLLM runs in an environment and process of its own (its own CUDA build of torch, its "
+                               "engine core's process): the fake device of the worker does not reach it")
+
+    @classmethod
     def check(cls, workload, device) -> None:
         if not vllm_importable():
             where = os.environ.get(PYTHON_ENV) or f"{VENV}/bin/python"

@@ -1,0 +1,101 @@
+"""A prediction gates like a measurement: `pytest --memcheck --memcheck-predict nvidia-h200` on this CPU runs a paged
+workload at its full profile on fake CUDA tensors, records its baseline under nvidia-h200-predicted/, passes when
+nothing changed (to the byte), and fails the regressions injected into the engine: a device buffer kept per step,
+a block never handed back."""
+import json
+import os
+
+import pytest
+from conftest import ROOT, workload
+
+LEAKY_STACK = '''
+import os
+import torch
+from memcheck.stacks.paged.block_manager import BlockManager
+from memcheck.stacks.paged.stack import PagedStack
+
+
+class LeakyPaged(PagedStack):
+    """The paged engine with two regressions a change could bring, switched by the environment."""
+    name = "leaky"
+
+    def run(self, collectors):
+        kept, per_step = [], int(os.environ.get("LEAK_KIB_PER_STEP", "0"))
+        advance = self.engine.advance
+
+        def advance_keeping(batch):
+            advance(batch)
+            if per_step:
+                kept.append(torch.empty(per_step * 1024, dtype=torch.uint8, device=self.device))
+
+        self.engine.advance = advance_keeping
+        if os.environ.get("LEAK_BLOCKS"):
+            free = BlockManager.free
+            first = []
+
+            def free_all_but_the_first(blocks, seq):
+                if first:
+                    return free(blocks, seq)
+                first.append(seq)  # its blocks are never handed back
+
+            self.engine.blocks.free = free_all_but_the_first.__get__(self.engine.blocks)
+        return super().run(collectors)
+'''
+BASELINE = "baselines/nvidia-h200-predicted/tiny/leaky.json"
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    site = pytester.mkdir("site")
+    (site / "leakystack.py").write_text(LEAKY_STACK)
+    info = site / "leakystack-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: leakystack\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[memcheck.stacks]\nleaky = leakystack:LeakyPaged\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT)]))
+    for name in ("LEAK_KIB_PER_STEP", "LEAK_BLOCKS"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makefile(".toml", pyproject="[tool.memcheck]\n")
+    (pytester.mkdir("suites") / "tiny.yaml").write_text(workload(stacks="leaky, hf").replace(
+        "max_new_tokens: 4", "max_new_tokens: 64"))
+    return pytester
+
+
+def predict(pytester, *args):
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--memcheck", "--memcheck-predict",
+                                           "nvidia-h200", "--memcheck-report", "r.json", *args)
+    items = {i["stack"]: i for i in json.loads((pytester.path / "r.json").read_text())["items"]}
+    return result, items
+
+
+def test_a_prediction_gates_the_paged_engine(project, monkeypatch):
+    result, items = predict(project, "--memcheck-update-baselines")
+    assert result.ret == 0, result.stdout.str()
+    leaky = items["leaky"]
+    assert leaky["verdict"] == "new" and (project.path / BASELINE).is_file()
+    metrics = leaky["metrics"]
+    assert metrics["predicted.gpu.heap_alloc.peak"]["value"] > 32 << 20  # weights, KV pool, the cuBLAS workspace
+    assert metrics["predicted.gpu.reserved.peak"]["value"] >= metrics["predicted.gpu.heap_alloc.peak"]["value"]
+    assert metrics["gpu.heap_alloc.peak"]["value"] is None  # never a prediction under a measured name
+    assert "predicted.gpu" in metrics["gpu.heap_alloc.peak"]["reason"]
+    assert metrics["kv.blocks_unreclaimed"]["value"] == 0 and metrics["kv.bytes.peak"]["value"] > 0
+    assert metrics["kv.page_footprint"]["value"] is None and metrics["host.rss.peak"]["value"] is None
+    assert leaky["environment"]["gpu"] == "NVIDIA H200 (predicted)"
+    assert "GenerationMixin._sample" in items["hf"]["skipped"]  # why the hf stack cannot be predicted, precisely
+    result.stdout.fnmatch_lines(["*predicted.gpu.heap_alloc.peak*", "*tiny[[]leaky[]]*new*"])
+
+    result, items = predict(project)  # nothing changed: the same bytes
+    assert result.ret == 0 and items["leaky"]["verdict"] == "pass", result.stdout.str()
+
+    monkeypatch.setenv("LEAK_KIB_PER_STEP", "512")  # a buffer kept per engine step
+    result, items = predict(project)
+    assert result.ret == 1 and items["leaky"]["verdict"] == "regressed"
+    failing = {c["metric"] for c in items["leaky"]["checks"] if c["status"] == "regressed"}
+    assert {"predicted.gpu.heap_alloc.peak", "predicted.gpu.heap_alloc.end"} <= failing
+
+    monkeypatch.delenv("LEAK_KIB_PER_STEP")
+    monkeypatch.setenv("LEAK_BLOCKS", "1")  # a finished sequence's blocks never handed back
+    result, items = predict(project)
+    assert result.ret == 1 and items["leaky"]["verdict"] == "regressed"
+    failing = {c["metric"] for c in items["leaky"]["checks"] if c["status"] == "regressed"}
+    assert "kv.blocks_unreclaimed" in failing
