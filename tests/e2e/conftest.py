@@ -55,17 +55,22 @@ def workload(name="tiny", stacks="toy") -> str:
     return WORKLOAD.format(name=name, stacks=stacks)
 
 
-@pytest.fixture
-def project(pytester, monkeypatch):
+def install_stack(pytester, monkeypatch, name: str, source: str, entry: str) -> None:
+    """A stack plugin installed as pip installs one: module `{name}stack`, entry point `name = {entry}`."""
     site = pytester.mkdir("site")
-    (site / "toystack.py").write_text(TOY_STACK)
-    info = site / "toystack-1.0.dist-info"
+    (site / f"{name}stack.py").write_text(source)
+    info = site / f"{name}stack-1.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toystack\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[memcheck.stacks]\ntoy = toystack:ToyStack\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}stack\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[memcheck.stacks]\n{name} = {name}stack:{entry}\n")
     # The checkout after the plugin site: the pytest subprocess must run this checkout's harness, not
     # whichever one the venv has installed editable.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT)]))
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    install_stack(pytester, monkeypatch, "toy", TOY_STACK, "ToyStack")
     monkeypatch.delenv("TOY_EXTRA_MIB", raising=False)
     pytester.makefile(".toml", pyproject="[tool.memcheck]\n")
     (pytester.mkdir("suites") / "tiny.yaml").write_text(workload())

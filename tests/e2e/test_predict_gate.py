@@ -3,10 +3,9 @@ workload at its full profile on fake CUDA tensors, records its baseline under nv
 nothing changed (to the byte), and fails the regressions injected into the engine: a device buffer kept per step,
 a block never handed back."""
 import json
-import os
 
 import pytest
-from conftest import ROOT, workload
+from conftest import install_stack, workload
 
 LEAKY_STACK = '''
 import os
@@ -46,13 +45,7 @@ BASELINE = "baselines/nvidia-h200-predicted/tiny/leaky.json"
 
 @pytest.fixture
 def project(pytester, monkeypatch):
-    site = pytester.mkdir("site")
-    (site / "leakystack.py").write_text(LEAKY_STACK)
-    info = site / "leakystack-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: leakystack\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[memcheck.stacks]\nleaky = leakystack:LeakyPaged\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT)]))
+    install_stack(pytester, monkeypatch, "leaky", LEAKY_STACK, "LeakyPaged")
     for name in ("LEAK_KIB_PER_STEP", "LEAK_BLOCKS"):
         monkeypatch.delenv(name, raising=False)
     pytester.makefile(".toml", pyproject="[tool.memcheck]\n")

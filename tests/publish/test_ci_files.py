@@ -69,7 +69,9 @@ def test_gitlab_pipeline_is_wired_as_documented():
     assert ci["memcheck-gpu"]["tags"] == ["gpu"]
     comment = ci["memcheck-comment"]
     assert comment["rules"] == [{"if": '$CI_PIPELINE_SOURCE == "merge_request_event"', "when": "always"}]
-    assert {n["job"] for n in comment["needs"]} == {"memcheck-cpu", "memcheck-gpu"}
+    assert {n["job"] for n in comment["needs"]} == {"memcheck-cpu", "memcheck-predict", "memcheck-gpu"}
+    predict = " ".join(ci["memcheck-predict"]["script"])  # the full profile's GPU memory, predicted on a CPU runner
+    assert "--memcheck-predict nvidia-h200" in predict and "reports/predict.json" in predict
     assert any("memcheck comment --report" in line for line in comment["script"])
     assert "CI_JOB_TOKEN" not in " ".join(comment["script"])  # it cannot write notes
     refresh = ci["baselines-refresh"]
@@ -84,7 +86,7 @@ def test_github_comment_is_fork_safe():
     assert measure["permissions"] == {"contents": "read"}  # the PR's code never holds a write token
     assert "head.repo.full_name == github.repository" in measure["jobs"]["gpu"]["if"]  # no fork on self-hosted
     uploads = [s for job in measure["jobs"].values() for s in job["steps"] if "upload-artifact" in s.get("uses", "")]
-    assert len(uploads) == 2 and all(s["if"] == "always()" for s in uploads)
+    assert len(uploads) == 3 and all(s["if"] == "always()" for s in uploads)  # cpu, predict, gpu
 
     comment = _load(ROOT / ".github" / "workflows" / "memcheck-comment.yml")
     assert comment["on"] == {"workflow_run": {"workflows": ["memcheck"], "types": ["completed"]}}
@@ -130,9 +132,9 @@ def test_gpu_jobs_set_up_the_cuda_stacks():
                [step["run"] for step in github[1]["jobs"]["refresh"]["steps"] if "run" in step]]
     for script in scripts:
         assert script[0] == "scripts/setup --gpu" and not any("pip install" in line for line in script)
-    cpu = [ci["tests"]["script"][0], ci["memcheck-cpu"]["script"][0],
-           next(step["run"] for step in github[0]["jobs"]["cpu"]["steps"] if "run" in step)]
-    assert cpu == ["scripts/setup"] * 3
+    cpu = [ci["tests"]["script"][0], ci["memcheck-cpu"]["script"][0], ci["memcheck-predict"]["script"][0],
+           *(next(step["run"] for step in github[0]["jobs"][job]["steps"] if "run" in step) for job in ("cpu", "predict"))]
+    assert cpu == ["scripts/setup"] * 5
 
 
 def _gpu_parts() -> tuple[dict, dict]:
