@@ -108,6 +108,7 @@ class FakeCuda:
         self.Stream = type("Stream", (FakeStream,), {"runtime": self})
         self.Stream(stream_id=0)
         self.capturing = None  # the pool a graph captures into, while it captures
+        self.graph_rng: list = []  # the default generator's seed and offset for graphs, once a graph registers
 
     # --- devices ---
     def properties(self, device=None):
@@ -163,6 +164,10 @@ class FakeCuda:
         cuda_graph.pool_id = pool
         side = stream if stream is not None else self.Stream()
         with self.stream(side):
+            if not self.graph_rng:  # CUDAGraph::capture_begin -> CUDAGeneratorState::register_graph, before capture:
+                import torch  # the first graph gets an int64 seed and offset, held while any graph lives
+
+                self.graph_rng = [torch.empty(1, dtype=torch.int64, device="cuda") for _ in range(2)]
             if self.cublas is not None:
                 self.cublas.at_capture_begin()
             self.allocator.begin_allocate_to_pool(pool, side.id)

@@ -43,6 +43,15 @@ bool install() {
 _installed = False
 
 
+def _build_folder() -> str:
+    from torch.utils.cpp_extension import _get_build_directory
+
+    try:
+        return _get_build_directory("memcheck_fake_cuda_guard", verbose=False)
+    except Exception:  # a private helper of torch's: its absence must not hide the build's own error
+        return "TORCH_EXTENSIONS_DIR"
+
+
 def install() -> None:
     """Make CUDA a device this process's torch can name (fake tensors only: nothing ever runs there)."""
     global _installed
@@ -59,8 +68,9 @@ def install() -> None:
     try:
         module = load_inline("memcheck_fake_cuda_guard", cpp_sources=[SOURCE], functions=["install"], verbose=False)
     except (RuntimeError, OSError, ImportError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(": [", 1)[0][:200]
         raise StackUnavailable(f"a prediction builds a small C++ extension (a no-op CUDA device guard) and this "
-                               f"runner cannot: {first}") from None
+                               f"runner cannot: {first} (it needs a C++ compiler, $CXX or c++, and ninja; the build "
+                               f"log is under {_build_folder()})") from None
     module.install()
     _installed = True

@@ -46,13 +46,19 @@ def table(report) -> list[str]:
             rows.append((f"  rank {rank['rank']}", "", *(cell(n, rank["metrics"].get(n)) for n in shown),
                          *([""] if on_gpu else [])))
     lines = aligned(rows)
+    skips: dict[str, list[str]] = {}  # reason -> items: one line per reason, as in the Markdown report
     for r in report.items:
-        if r.verdict not in (Verdict.PASS, Verdict.NEW) or r.failed:
+        if r.verdict is Verdict.SKIPPED and not r.failed:
+            skips.setdefault(r.reason, []).append(r.id)
+        elif r.verdict not in (Verdict.PASS, Verdict.NEW) or r.failed:
             lines.append(f"{r.id}: {r.verdict}: {r.reason}")
         if r.compared_across and r.verdict != Verdict.REGRESSED:  # a regression's reason names the bump already
             lines.append(f"{r.id}: {r.verdict}, compared across: {', '.join(r.compared_across)}")
         if r.updated:
             lines.append(f"{r.id}: baseline written to {r.baseline_path}: " + "; ".join(r.updated))
+    for reason, ids in skips.items():
+        lines.append(f"{ids[0]}: skipped: {reason}" if len(ids) == 1
+                     else f"memcheck: {len(ids)} items skipped: {reason} ({', '.join(ids)})")
     untimed = unjudged_metrics(report.items)
     if untimed:  # said once, as in the Markdown report
         lines.append(f"memcheck: time not gated in this profile (noisy metrics, judged through 3 or more rounds), "

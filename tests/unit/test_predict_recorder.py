@@ -72,7 +72,7 @@ def test_graph_capture_allocates_in_its_pool(prediction):
         reserved = torch.cuda.memory_reserved()
         torch.cuda.empty_cache()  # the pool's segment stays: the graph may replay
         assert torch.cuda.memory_reserved() == reserved > 0
-        assert torch.cuda.memory_allocated() == 4 * MiB
+        assert torch.cuda.memory_allocated() == 4 * MiB + 2 * 512  # and the generator's graph seed and offset
         del held
 
 
