@@ -59,8 +59,9 @@ def install() -> None:
         return
     import torch
 
-    if torch.cuda.is_available():
-        raise StackUnavailable("a prediction runs on a CPU runner; this one has a CUDA device: measure instead")
+    if torch.version.cuda is not None:  # a CUDA build registers its own guard (benchmarks/predict_leaks.py predicts
+        _installed = True                 # on the GPU runner beside the measurement)
+        return
     from torch.utils.cpp_extension import load_inline
 
     # ninja from a virtual environment's bin folder, where `pip install ninja` puts it, when that is not on PATH

@@ -5,41 +5,9 @@ a block never handed back."""
 import json
 
 import pytest
-from conftest import install_stack, workload
+from conftest import ROOT, install_stack, workload
 
-LEAKY_STACK = '''
-import os
-import torch
-from memcheck.stacks.paged.block_manager import BlockManager
-from memcheck.stacks.paged.stack import PagedStack
-
-
-class LeakyPaged(PagedStack):
-    """The paged engine with two regressions a change could bring, switched by the environment."""
-    name = "leaky"
-
-    def run(self, collectors):
-        kept, per_step = [], int(os.environ.get("LEAK_KIB_PER_STEP", "0"))
-        advance = self.engine.advance
-
-        def advance_keeping(batch):
-            advance(batch)
-            if per_step:
-                kept.append(torch.empty(per_step * 1024, dtype=torch.uint8, device=self.device))
-
-        self.engine.advance = advance_keeping
-        if os.environ.get("LEAK_BLOCKS"):
-            free = BlockManager.free
-            first = []
-
-            def free_all_but_the_first(blocks, seq):
-                if first:
-                    return free(blocks, seq)
-                first.append(seq)  # its blocks are never handed back
-
-            self.engine.blocks.free = free_all_but_the_first.__get__(self.engine.blocks)
-        return super().run(collectors)
-'''
+LEAKY_STACK = (ROOT / "benchmarks" / "workloads" / "leakystack.py").read_text()  # the paged engine, two leaks
 BASELINE = "baselines/nvidia-h200-predicted/tiny/leaky.json"
 
 
