@@ -31,8 +31,9 @@ _ALL, _SMALL, _LARGE = 0, 1, 2
 _POOL_TYPES = ("all", "small_pool", "large_pool")
 
 
-class OutOfMemoryError(RuntimeError):
-    """A segment the allocator needed would not fit in the device's capacity, even after freeing cached segments."""
+class OutOfMemoryError(MemoryError):
+    """A segment the allocator needed would not fit in the device's capacity, even after freeing cached segments
+    (a MemoryError: the harness reports the item's error as out of memory, as it does torch's own)."""
 
 
 def round_size(size: int) -> int:

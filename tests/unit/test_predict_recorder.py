@@ -91,3 +91,13 @@ def test_a_triton_launch_runs_nothing(prediction):
         assert torch.cuda.get_device_properties(0).multi_processor_count == 132
         assert torch.cuda.get_device_name() == "NVIDIA H200"
     assert not torch.cuda.is_available()  # restored after the prediction
+
+
+def test_more_than_the_gpu_holds_is_out_of_memory(prediction):
+    """An item that would not fit on the GPU is predicted to run out of memory (the item's error is of kind oom)."""
+    with prediction.running():
+        kept = torch.empty(100 << 30, dtype=torch.uint8, device="cuda")
+        with pytest.raises(MemoryError, match="out of memory"):
+            torch.empty(50 << 30, dtype=torch.uint8, device="cuda")  # 150 GiB > the H200's 143771 MiB
+        del kept
+    assert prediction.allocator.stats()["num_ooms"] == 1
