@@ -31,6 +31,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from memcheck.cli import main as memcheck
+    from memcheck.reports.terminal import aligned
 
     report = out / "predict.json"
     t0 = time.perf_counter()
@@ -57,11 +58,8 @@ def main() -> int:
         rows.append((it["id"], *cells, f"{seconds:.1f}"))
     header = ("item", "heap GiB H200", "heap GiB predicted", "diff", "reserved GiB H200", "reserved GiB predicted",
               "diff", "s")
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [f"predicted on this CPU for nvidia-h200 vs measured on the H200 (baselines/nvidia-h200); largest miss "
-             f"{worst[0]:+.3f}% ({worst[1]}); {len(rows)} items in {wall:.0f} s"]
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-    lines.insert(2, "  ".join("-" * w for w in widths))
+             f"{worst[0]:+.3f}% ({worst[1]}); {len(rows)} items in {wall:.0f} s", *aligned([header, *rows])]
     text = "\n".join([*(f"not predicted: {s}" for s in skipped), "", *lines]) + "\n"
     (out / "predict_accuracy.log").write_text(text)
     print(text)

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from memcheck.reports.terminal import aligned  # noqa: E402
 WORKLOAD = """\
 name: leaks
 model: {preset: r1-distill-qwen-7b, layers: 4}
@@ -74,13 +76,6 @@ def run_cases(out: Path, predict: str | None, device: str | None) -> list[tuple]
     return rows
 
 
-def table(header: tuple, rows: list[tuple]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return lines
-
-
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -100,15 +95,15 @@ def main() -> int:
         rows = [(p[0], p[1], m[1], p[3], m[3], "yes" if p[1] == m[1] else "NO")
                 for p, m in zip(parts["predicted"], parts["measured"])]
         lines = [f"injected regressions, predicted for {args.predict} and measured on {args.device}{what}",
-                 *table(("case", "predicted", "measured", "regressed (predicted)", "regressed (measured)", "agree"),
-                        rows)]
+                 *aligned([("case", "predicted", "measured", "regressed (predicted)", "regressed (measured)", "agree"),
+                           *rows])]
         name = "predict_leaks_both.log"
     else:
         label, rows = next(iter(parts.items()))
         heap = "predicted.gpu.heap_alloc.peak" if label == "predicted" else "gpu.heap_alloc.peak"
         lines = [f"injected regressions, {label} " + (f"for {args.predict}" if args.predict else f"on {args.device}")
-                 + what, *table(("case", "verdict", "pytest", "regressed", f"{heap} MiB", "kv.blocks_unreclaimed",
-                                 "s"), rows)]
+                 + what, *aligned([("case", "verdict", "pytest", "regressed", f"{heap} MiB", "kv.blocks_unreclaimed",
+                                   "s"), *rows])]
         name = f"predict_leaks_{label}.log"
     text = "\n".join(lines) + "\n"
     (out / name).write_text(text)

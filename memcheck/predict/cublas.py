@@ -17,6 +17,7 @@ pytorch#168175, before "fix unified workspace env var handling", pytorch#175879,
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 
@@ -41,10 +42,13 @@ LT_OPS = frozenset({"addmm", "_addmm_activation", "_scaled_mm", "_int_mm"})
 _OP_NAME = re.compile(r"^(?:torch\.ops\.)?(?:aten\.)?([A-Za-z0-9_]+?)(_?)(?:\.[A-Za-z0-9_]+)?$")
 
 
-def parse_op(op_name: str) -> tuple[str, bool]:
-    """'aten.addmm_.default' -> ('addmm', True): the op without namespace or overload, and whether it is in-place."""
-    m = _OP_NAME.match(op_name)
-    return (m.group(1), bool(m.group(2))) if m else (op_name, False)
+@functools.lru_cache(maxsize=None)
+def parse_op(op) -> tuple[str, bool]:
+    """'aten.addmm_.default' (or the OpOverload itself, remembered: the recorder asks before every operator) ->
+    ('addmm', True): the op without namespace or overload, and whether it is in-place."""
+    name = str(op)
+    m = _OP_NAME.match(name)
+    return (m.group(1), bool(m.group(2))) if m else (name, False)
 
 
 def chosen_workspace_size(sm: tuple[int, int] = (9, 0), env: Mapping[str, str] | None = None) -> int:
@@ -89,8 +93,9 @@ class CublasWorkspaces:
         self.cublas: dict[int, int] = {}  # stream -> block handle (cublas_handle_stream_to_workspace)
         self.lt: dict[int, int] = {}  # stream -> block handle (cublaslt_handle_stream_to_workspace)
 
-    def before_op(self, op_name: str, stream: int = 0, lt: bool | None = None) -> None:
-        """Before an aten op runs on `stream`: the workspaces it needs that the stream has not got yet. `lt` says
+    def before_op(self, op_name, stream: int = 0, lt: bool | None = None) -> None:
+        """Before an aten op (its name or OpOverload) runs on `stream`: the workspaces it needs that the stream has not
+        got yet. `lt` says
         whether the op takes the cuBLASLt path; None: as the op usually does (addmm: yes, with its bias)."""
         op, inplace = parse_op(op_name)
         if op not in CUBLAS_OPS and op not in LT_OPS:

@@ -182,7 +182,6 @@ class FakeCuda:
     def patched(self):
         import torch
         import torch.cuda.memory
-        from torch._subclasses.fake_tensor import FakeTensor
 
         cuda = torch.cuda
         allocated = lambda device=None: self.allocator.stats()["allocated_bytes.all.current"]  # noqa: E731
@@ -210,20 +209,8 @@ class FakeCuda:
             stack.enter_context(mock.patch.object(torch.cuda.memory, "memory_stats_as_nested_dict", self.nested_stats))
             stack.enter_context(mock.patch.object(torch.cuda.memory, "memory_stats", self.stats))
             stack.enter_context(_triton_launches_nothing())
-            stack.enter_context(mock.patch.object(FakeTensor, "numpy", _zeros_array))
             yield self
-            gc.collect()
-
-
-def _zeros_array(t, *, force: bool = False):
-    """A fake host tensor's .numpy(): zeros of its shape, to pack into (graphs.py packs a step's inputs so); what is
-    written there is dropped, as the values of every fake tensor are."""
-    import numpy as np
-    import torch
-
-    dtypes = {torch.int32: np.int32, torch.int64: np.int64, torch.float32: np.float32, torch.float64: np.float64,
-              torch.float16: np.float16, torch.uint8: np.uint8, torch.int8: np.int8, torch.bool: np.bool_}
-    return np.zeros(tuple(t.shape), dtype=dtypes.get(t.dtype, np.float32))
+            gc.collect()  # the run's last storages freed while the allocator model still counts them
 
 
 @contextlib.contextmanager

@@ -57,7 +57,7 @@ class Recorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
             if func in (aten._local_scalar_dense.default, aten.item.default):  # a token's value: 0
-                return args[0].dtype.is_floating_point and 0.0 or 0
+                return 0.0 if args[0].dtype.is_floating_point else 0
             raise
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type == "cuda":

@@ -17,23 +17,11 @@ class Prediction:
         self.gpu = gpu
         self.allocator = CachingAllocator(capacity=gpu.total_memory)
         self.cublas = CublasWorkspaces(self.allocator, (gpu.major, gpu.minor))
-        self.recorder = Recorder(self.allocator, on_op=self._before_op)
-        self._reaches_cublas: dict = {}
-
-    def _before_op(self, func, stream: int) -> None:
-        from .cublas import CUBLAS_OPS, LT_OPS, parse_op
-
-        name = self._reaches_cublas.get(func)
-        if name is None:
-            op = parse_op(str(func))[0]
-            name = self._reaches_cublas[func] = str(func) if op in CUBLAS_OPS or op in LT_OPS else ""
-        if name:
-            self.cublas.before_op(name, stream)
+        self.recorder = Recorder(self.allocator, on_op=self.cublas.before_op)
 
     @contextlib.contextmanager
     def running(self):
         """Inside: CUDA tensors are fake and every allocation goes to the allocator model."""
-        import torch
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         from . import guard
