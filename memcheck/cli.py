@@ -40,7 +40,7 @@ def _forward(ns) -> list[str]:
                         ("--memcheck-device", ns.device), ("--memcheck-predict", ns.predict), ("-k", ns.keyword),
                         ("--memcheck-report", ns.report), ("--memcheck-markdown", ns.markdown),
                         ("--memcheck-html", ns.html), ("--junitxml", ns.junitxml)):
-        if value:
+        if value or (flag == "--memcheck-predict" and value is not None):  # an empty GPU name is refused, not dropped
             args += [flag, value]
     return args
 

@@ -57,7 +57,7 @@ class MemcheckSession:
         opt = config.getoption
         device = opt("memcheck_device")
         predict = opt("memcheck_predict")
-        if predict:
+        if predict is not None:  # (an empty name too: `--memcheck-predict "$GPU"` with GPU unset must not measure)
             from .predict.gpus import GPUS
 
             if predict not in GPUS:

@@ -60,3 +60,12 @@ def test_a_prediction_gates_the_paged_engine(project, monkeypatch):
     assert result.ret == 1 and items["leaky"]["verdict"] == "regressed"
     failing = {c["metric"] for c in items["leaky"]["checks"] if c["status"] == "regressed"}
     assert "kv.blocks_unreclaimed" in failing
+
+
+@pytest.mark.parametrize("name", ["h100", ""])
+def test_an_unknown_gpu_is_refused_in_one_line(project, name):
+    """An unknown name, or an empty one (`--memcheck-predict "$GPU"` with GPU unset), never falls back to measuring."""
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--memcheck", "--memcheck-predict", name)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert f"--memcheck-predict: no GPU named '{name}' (known: nvidia-h200)" in result.stderr.str()
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
