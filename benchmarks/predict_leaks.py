@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.memcheck_pytest import plugin_args  # noqa: E402
 from memcheck.reports.terminal import aligned  # noqa: E402
 WORKLOAD = """\
 name: leaks
@@ -60,7 +61,7 @@ def run_cases(out: Path, predict: str | None, device: str | None) -> list[tuple]
     for case, extra_env, flags in CASES:
         report = where / f"{len(rows)}.json"
         t0 = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--memcheck", *mode,
+        done = subprocess.run([sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-q", "--memcheck", *mode,
                                "--memcheck-report", str(report), *flags], cwd=where, env={**env, **extra_env},
                               capture_output=True, text=True)
         seconds = time.perf_counter() - t0
@@ -92,11 +93,11 @@ def main() -> int:
     if args.device:
         parts["measured"] = run_cases(out, None, args.device)
     if len(parts) == 2:
-        rows = [(p[0], p[1], m[1], p[3], m[3], "yes" if p[1] == m[1] else "NO")
+        rows = [(p[0], p[1], m[1], p[3], m[3], p[4], m[4], "yes" if p[1] == m[1] else "NO")
                 for p, m in zip(parts["predicted"], parts["measured"])]
         lines = [f"injected regressions, predicted for {args.predict} and measured on {args.device}{what}",
-                 *aligned([("case", "predicted", "measured", "regressed (predicted)", "regressed (measured)", "agree"),
-                           *rows])]
+                 *aligned([("case", "predicted", "measured", "regressed (predicted)", "regressed (measured)",
+                            "heap peak MiB (predicted)", "heap peak MiB (measured)", "agree"), *rows])]
         name = "predict_leaks_both.log"
     else:
         label, rows = next(iter(parts.items()))

@@ -25,6 +25,10 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.memcheck_pytest import plugin_args  # noqa: E402
 
 # One pytest each: a suite, or a part of one (the R1 suite took 9.6 min before hf's memory round was folded into
 # its warm-up, near one call's 10-minute limit; 5.8 min since). r1 and vl-v2 are the CI templates' GPU parts.
@@ -54,7 +58,7 @@ def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, 
     os.makedirs(os.path.join(out, tag), exist_ok=True)
     report = os.path.join(out, tag, f"{key}.json")
     files, select = PARTS[key]
-    cmd = [sys.executable, "-m", "pytest", *_plugin(), "-p", "no:cacheprovider", "-q", "--memcheck",
+    cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-q", "--memcheck",
            *files, "-k", select, "--memcheck-profile", profile, "--memcheck-report", report,
            "--memcheck-markdown", os.path.join(out, tag, f"{key}.md"), "--memcheck-durations", "0"]
     if at_once > 1:
@@ -74,13 +78,6 @@ def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, 
     with open(report) as f:
         return json.load(f)
 
-
-def _plugin() -> list[str]:
-    """`-p memcheck.plugin` where memcheck is not installed (a checkout on a GPU machine); installed, pytest loads it."""
-    from importlib.metadata import entry_points
-
-    installed = any(ep.value == "memcheck.plugin" for ep in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "memcheck.plugin"]
 
 
 def summary(reports: dict[str, dict]) -> list[tuple]:

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.memcheck_pytest import plugin_args  # noqa: E402
 SUITES = ("suites/r1_long_context.yaml", "suites/v2_moe.yaml")
 PAIRS = (("r1-32k", "r1-32k-tp2"), ("v2-lite-mixed", "v2-lite-mixed-tp2"))
 GOAL = 0.55  # per-rank peak at TP 2 over TP 1, R1 (the design's goal)
@@ -39,7 +41,7 @@ MEMORY = ("gpu.heap_alloc.peak", "gpu.reserved.peak", "gpu.device_used.peak", "g
 
 def run(out: Path, tag: str, args, update: bool) -> dict:
     report = out / f"report-{tag}.json"
-    cmd = [sys.executable, "-m", "pytest", *_plugin(), "-p", "no:cacheprovider", "-q", "--memcheck",
+    cmd = [sys.executable, "-m", "pytest", *plugin_args(), "-p", "no:cacheprovider", "-q", "--memcheck",
            *SUITES, "-k", _select(), "--memcheck-profile", args.profile, "--memcheck-device", args.device,
            "--memcheck-baselines", str(out / "baselines"), "--memcheck-report", str(report)]
     if update:
@@ -56,13 +58,6 @@ def run(out: Path, tag: str, args, update: bool) -> dict:
     if not report.exists():
         raise SystemExit(f"[{tag}] no report ({report}): see {out / f'pytest-{tag}.log'}")
     return {item["workload"]: item for item in json.loads(report.read_text())["items"]}
-
-
-def _plugin() -> list[str]:
-    """-p memcheck.plugin where memcheck is not installed (the device machine); installed, pytest loads it."""
-    from importlib.metadata import entry_points
-
-    return [] if any(e.name == "memcheck" for e in entry_points(group="pytest11")) else ["-p", "memcheck.plugin"]
 
 
 def _select() -> str:
