@@ -185,8 +185,8 @@ def probe_hf_single_run(out: str, names: list[str], baselines: str) -> list[tupl
         result = os.path.join(out, f"probe-{name}-hf.json")
         t0 = time.time()
         code = subprocess.call([sys.executable, "-c", PROBE, "--file", where[name], "--workload", name, "--stack",
-                                "hf", "--device", "cuda", "--profile", "full", "--out", result, "--rootdir", ".",
-                                "--no-python-heap", "--no-cpu-tensors"], env=env)
+                                "hf", "--device", "cuda", "--profile", "full", "--out", result, "--rootdir", "."],
+                               env=env)
         print(f"[probe {name}[hf]] exit {code} in {time.time() - t0:.1f} s", flush=True)
         if not os.path.exists(result):
             rows.append((f"{name}[hf]", "-", "-", "no result", "-"))
