@@ -141,7 +141,7 @@ def _gpu_parts() -> tuple[dict, dict]:
     """{part: (suites, -k)} of the GPU job's matrix, in .gitlab-ci.yml and in the GitHub workflow."""
     gitlab = {e["PART"]: (e["SUITES"], e.get("SELECT", ""))
               for e in yaml.safe_load(GITLAB.read_text())["memcheck-gpu"]["parallel"]["matrix"]}
-    github = {e["part"]: (e["suites"], e["select"]) for e in
+    github = {e["part"]: (e["suites"], e.get("select", "")) for e in
               _load(ROOT / ".github" / "workflows" / "memcheck.yml")["jobs"]["gpu"]["strategy"]["matrix"]["include"]}
     return gitlab, github
 
