@@ -169,7 +169,8 @@ PROBE = ("import sys; from memcheck.stacks.hf import HFStack; HFStack.has_warmup
          "from memcheck import worker; sys.exit(worker.main(sys.argv[1:]))")
 
 
-def probe_hf_single_run(out: str, names: list[str], baselines: str) -> list[tuple]:
+def probe_hf_single_run(out: str, names: list[str], baselines: str, device: str = "cuda",
+                        profile: str = "full") -> list[tuple]:
     """Which gpu.*/kv.* numbers of W[hf] move against the committed baseline when only its timed run runs."""
     from memcheck import project, stacks
     from memcheck.workload import load_file
@@ -178,6 +179,7 @@ def probe_hf_single_run(out: str, names: list[str], baselines: str) -> list[tupl
     where = {w.name: path for path in (R1, VL, V2)
              for w in load_file(path, "full", stacks.names(), cfg.thresholds)}
     rows = [("probe: hf without its warm-up", "metric", "baseline", "one run", "same")]
+    os.makedirs(out, exist_ok=True)  # no part may have run in this call
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     for name in names:
         if name not in where:
@@ -185,7 +187,7 @@ def probe_hf_single_run(out: str, names: list[str], baselines: str) -> list[tupl
         result = os.path.join(out, f"probe-{name}-hf.json")
         t0 = time.time()
         code = subprocess.call([sys.executable, "-c", PROBE, "--file", where[name], "--workload", name, "--stack",
-                                "hf", "--device", "cuda", "--profile", "full", "--out", result, "--rootdir", "."],
+                                "hf", "--device", device, "--profile", profile, "--out", result, "--rootdir", "."],
                                env=env)
         print(f"[probe {name}[hf]] exit {code} in {time.time() - t0:.1f} s", flush=True)
         if not os.path.exists(result):
