@@ -90,13 +90,13 @@ def summary(reports: dict[str, dict]) -> list[tuple]:
             m, ph = item["metrics"], item.get("phases") or {}
             peak, weights = (m.get("gpu.heap_alloc.peak") or {}).get("value"), (item.get("floors") or {}).get("weights")
             started = next((n.split(": ", 1)[1][:40] for n in item.get("notes", []) if n.startswith("worker process")), "")
-            gpu_s = item.get("gpu_seconds")
+            gpu_s, rate = item.get("gpu_seconds"), (m.get("tokens_per_s") or {}).get("value")
             rows.append((item["id"], item["verdict"], "-" if gpu_s is None else f"{gpu_s:.1f}", f"{sum(ph.values()):.1f}",
                          f"{sum(v for k, v in ph.items() if k != 'memory_round'):.1f}",
                          f"{ph.get('memory_round', 0):.1f}", units.format_bytes(peak),
                          units.format_bytes(peak - weights) if peak is not None and weights else "-",
                          units.format_bytes((item.get("floors") or {}).get("kv")),
-                         f"{(m.get('tokens_per_s') or {}).get('value') or 0:.0f}", started))
+                         "-" if rate is None else f"{rate:.0f}", started))
     return rows
 
 
