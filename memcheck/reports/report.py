@@ -152,6 +152,8 @@ def _validate(data: dict) -> None:
             raise ValueError(f"ranks[{i}] is not a mapping of an integer rank and its metrics")
         for name, value in rank["metrics"].items():
             _number(value, f"rank metric {str(name)[:40]!r}")
+    if not isinstance(data.get("reason") or "", str):  # the reports group skipped items by it
+        raise ValueError("reason is not a string")
     for key in ("environment", "artifacts", "model"):
         if not isinstance(data.get(key) or {}, dict):
             raise ValueError(f"{key} is not a mapping")
