@@ -58,10 +58,12 @@ class MemcheckSession:
         device = opt("memcheck_device")
         predict = opt("memcheck_predict")
         if predict is not None:  # (an empty name too: `--memcheck-predict "$GPU"` with GPU unset must not measure)
-            from .predict.gpus import GPUS
+            from .predict.gpus import gpu
 
-            if predict not in GPUS:
-                raise pytest.UsageError(f"--memcheck-predict: no GPU named {predict!r} (known: {', '.join(GPUS)})")
+            try:
+                gpu(predict)
+            except UsageError as e:
+                raise pytest.UsageError(f"--memcheck-predict: {e}") from None
         profile = opt("memcheck_profile") or ("full" if predict else "ci" if device == "cpu" else default_profile())
         baselines = opt("memcheck_baselines") or _relative(os.path.join(root, self.project.baselines))
         self.settings = Settings(

@@ -95,8 +95,8 @@ class CublasWorkspaces:
 
     def before_op(self, op_name, stream: int = 0, lt: bool | None = None) -> None:
         """Before an aten op (its name or OpOverload) runs on `stream`: the workspaces it needs that the stream has not
-        got yet. `lt` says
-        whether the op takes the cuBLASLt path; None: as the op usually does (addmm: yes, with its bias)."""
+        got yet. `lt` says whether the op takes the cuBLASLt path; None: as the op usually does (addmm: yes, with its
+        bias)."""
         op, inplace = parse_op(op_name)
         if op not in CUBLAS_OPS and op not in LT_OPS:
             return

@@ -34,5 +34,5 @@ def gpu(name: str) -> GPU:
     from ..errors import UsageError
 
     if name not in GPUS:
-        raise UsageError(f"no GPU named {name!r} to predict for (known: {', '.join(GPUS)})")
+        raise UsageError(f"no GPU named {name!r} (known: {', '.join(GPUS)})")
     return GPUS[name]

@@ -4,7 +4,7 @@ from __future__ import annotations
 from .. import units
 from ..metrics.catalog import METRICS
 from ..states import Verdict
-from .markdown import unjudged_metrics
+from .markdown import skipped_groups, unjudged_metrics
 
 # The columns a reviewer scans first; everything else is in the JSON and Markdown reports.
 COLUMNS = ("gpu.heap_alloc.peak", "cpu.heap_alloc.peak", "kv.bytes.peak", "kv.waste.peak", "host.rss.peak")
@@ -46,17 +46,14 @@ def table(report) -> list[str]:
             rows.append((f"  rank {rank['rank']}", "", *(cell(n, rank["metrics"].get(n)) for n in shown),
                          *([""] if on_gpu else [])))
     lines = aligned(rows)
-    skips: dict[str, list[str]] = {}  # reason -> items: one line per reason, as in the Markdown report
     for r in report.items:
-        if r.verdict is Verdict.SKIPPED and not r.failed:
-            skips.setdefault(r.reason, []).append(r.id)
-        elif r.verdict not in (Verdict.PASS, Verdict.NEW) or r.failed:
+        if r.verdict not in (Verdict.PASS, Verdict.NEW, Verdict.SKIPPED) or r.failed:  # skips: a line per reason
             lines.append(f"{r.id}: {r.verdict}: {r.reason}")
         if r.compared_across and r.verdict != Verdict.REGRESSED:  # a regression's reason names the bump already
             lines.append(f"{r.id}: {r.verdict}, compared across: {', '.join(r.compared_across)}")
         if r.updated:
             lines.append(f"{r.id}: baseline written to {r.baseline_path}: " + "; ".join(r.updated))
-    for reason, ids in skips.items():
+    for reason, ids in skipped_groups([r for r in report.items if not r.failed]):
         lines.append(f"{ids[0]}: skipped: {reason}" if len(ids) == 1
                      else f"memcheck: {len(ids)} items skipped: {reason} ({', '.join(ids)})")
     untimed = unjudged_metrics(report.items)
