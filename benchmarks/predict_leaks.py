@@ -100,8 +100,13 @@ def both_table(predicted_for: str, measured_on: str, predicted: list, measured: 
 
 def read_table(log: Path) -> tuple[str, list]:
     """A one-sided table this script wrote: where it ran (its heading's words before the workload) and its rows."""
-    lines = log.read_text().splitlines()
-    heading = next(i for i, line in enumerate(lines) if line.startswith("injected regressions, "))
+    try:
+        lines = log.read_text().splitlines()
+    except OSError as e:
+        raise SystemExit(f"{log}: {e.strerror}") from None
+    heading = next((i for i, line in enumerate(lines) if line.startswith("injected regressions, ")), None)
+    if heading is None:
+        raise SystemExit(f"{log}: no table of this script (no line starting 'injected regressions, ')")
     where = lines[heading].removeprefix("injected regressions, ").removesuffix(WHAT)
     rows = [tuple(re.split(r"\s{2,}", line.strip())) for line in lines[heading + 3:] if line.strip()]
     if len(rows) != len(CASES) or any(len(row) != 7 for row in rows):
