@@ -2,10 +2,10 @@
 its own report, merged into OUT/RUN/merged.json by `memcheck merge`: the run that records a GPU runner's
 baselines, and the run that checks them. Prints, last, each item's verdict, where its time went and its numbers.
 
-    PYTHONPATH=. python benchmarks/suites_h200.py OUT --run run1 --update [--suites vl,v2,r1-long,r1-batch]
+    PYTHONPATH=. python benchmarks/suites_h200.py OUT --run run1 --update [--suites vl,v2,r1-long,r1-batch,v2-paged]
     PYTHONPATH=. python benchmarks/suites_h200.py OUT --run run2 [--suites ...] [--budget-s 560]
-    PYTHONPATH=. python benchmarks/suites_h200.py OUT --run after --suites r1,vl-v2 --at-once 4 --cold-triton-cache \
-        --against-baselines [--probe-hf-single-run v2-4layers]
+    PYTHONPATH=. python benchmarks/suites_h200.py OUT --run after --suites r1,vl-v2 --at-once 6 --cold-triton-cache \
+        --against-baselines
     python benchmarks/suites_h200.py --compare RUN1 RUN2    # memory metrics run to run: reports or folders (no GPU)
 
 A part starts only if its estimated time (ESTIMATE_S, or --estimates) fits in what is left of --budget-s, so
@@ -14,8 +14,7 @@ The two-GPU items (`-tp2`) are left out: they need a machine of two GPUs (benchm
 
 `--at-once N` measures N items at once on the GPU (`-n N --dist worksteal`, memcheck/device_share.py).
 `--against-baselines` then prints every gpu.*/kv.* number and verdict beside the committed baseline's, and each
-part's seconds beside BEFORE_S (the parts one at a time, one item at a time). `--probe-hf-single-run W` measures
-W[hf] once with its warm-up left out (the timed run alone) and prints which gpu.*/kv.* numbers that moves.
+part's seconds beside BEFORE_S (the parts one at a time, one item at a time).
 """
 from __future__ import annotations
 
@@ -36,13 +35,14 @@ R1, VL, V2 = "suites/r1_long_context.yaml", "suites/deepseek_vl_mixed.yaml", "su
 PARTS = {"vl": ((VL,), "not tp2"), "v2": ((V2,), "not tp2"),
          "r1-long": ((R1,), "(r1-32k or r1-64k or r1-128k) and not tp2"),
          "r1-batch": ((R1,), "r1-32x2k or r1-staggered"),
-         "r1": ((R1,), "not tp2"), "vl-v2": ((VL, V2), "not tp2")}
+         "r1": ((R1,), "not tp2"), "vl-v2": ((VL, V2), "not tp2"),
+         "v2-paged": ((V2,), "paged and not tp2")}  # our engine's V2 items alone: their baselines after a kernel change
 # Seconds per part of the full profile one item at a time, measured on a fresh H200 against the committed baselines
 # (the CI template's parts then); r1 and vl-v2 are their sums.
 BEFORE_S = {"r1-long": 184, "r1-batch": 112, "v2": 160, "vl": 96}
 BEFORE_S.update({"r1": BEFORE_S["r1-long"] + BEFORE_S["r1-batch"], "vl-v2": BEFORE_S["vl"] + BEFORE_S["v2"]})
 # Seconds on an H200, a cold Triton cache, one item at a time, with about 10% to spare.
-ESTIMATE_S = {"vl": 105, "v2": 140, "r1-long": 245, "r1-batch": 140, "r1": 385, "vl-v2": 245}
+ESTIMATE_S = {"vl": 105, "v2": 140, "r1-long": 245, "r1-batch": 140, "r1": 385, "vl-v2": 245, "v2-paged": 90}
 # Memory metrics that must repeat run to run (within 0.5%); time metrics are compared through rounds.
 MEMORY = ("gpu.heap_alloc.peak", "gpu.heap_alloc.end", "gpu.reserved.peak", "gpu.device_used.peak",
           "gpu.fragmentation.peak", "kv.bytes.peak", "kv.live_bytes.peak", "kv.waste.peak", "kv.page_footprint",
@@ -164,45 +164,6 @@ def part_rows(keys: list[str]) -> list[tuple]:
     return rows
 
 
-# W[hf] measured once, its warm-up (the workload once, untimed) left out: what the timed run alone would measure.
-PROBE = ("import sys; from memcheck.stacks.hf import HFStack; HFStack.has_warmup = lambda self: False; "
-         "from memcheck import worker; sys.exit(worker.main(sys.argv[1:]))")
-
-
-def probe_hf_single_run(out: str, names: list[str], baselines: str, device: str = "cuda",
-                        profile: str = "full") -> list[tuple]:
-    """Which gpu.*/kv.* numbers of W[hf] move against the committed baseline when only its timed run runs."""
-    from memcheck import project, stacks
-    from memcheck.workload import load_file
-
-    cfg = project.load(".")
-    where = {w.name: path for path in (R1, VL, V2)
-             for w in load_file(path, "full", stacks.names(), cfg.thresholds)}
-    rows = [("probe: hf without its warm-up", "metric", "baseline", "one run", "same")]
-    os.makedirs(out, exist_ok=True)  # no part may have run in this call
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-    for name in names:
-        if name not in where:
-            raise ValueError(f"--probe-hf-single-run: no workload named {name!r} in {R1}, {VL}, {V2}")
-        result = os.path.join(out, f"probe-{name}-hf.json")
-        t0 = time.time()
-        code = subprocess.call([sys.executable, "-c", PROBE, "--file", where[name], "--workload", name, "--stack",
-                                "hf", "--device", device, "--profile", profile, "--out", result, "--rootdir", "."],
-                               env=env)
-        print(f"[probe {name}[hf]] exit {code} in {time.time() - t0:.1f} s", flush=True)
-        if not os.path.exists(result):
-            rows.append((f"{name}[hf]", "-", "-", "no result", "-"))
-            continue
-        with open(result) as f:
-            now = json.load(f)["metrics"]
-        with open(os.path.join(baselines, "nvidia-h200", name, "hf.json")) as f:
-            base = json.load(f)["metrics"]
-        for metric in sorted(k for k in base if k.startswith(("gpu.", "kv."))):
-            was, got = base[metric].get("value"), (now.get(metric) or {}).get("value")
-            rows.append((f"{name}[hf]", metric, str(was), str(got), "yes" if was == got else "NO"))
-    return rows
-
-
 def _items(path: str) -> dict:
     """A report's items, or those of every report in a folder (merged.json left out)."""
     files = ([os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith(".json") and f != "merged.json"]
@@ -236,8 +197,6 @@ def main() -> int:
     p.add_argument("--cold-triton-cache", action="store_true", help="an empty TRITON_CACHE_DIR under OUT/RUN")
     p.add_argument("--against-baselines", action="store_true",
                    help="every gpu.*/kv.* number beside the committed baseline's, and the parts beside BEFORE_S")
-    p.add_argument("--probe-hf-single-run", default="", metavar="W,...",
-                   help="workloads whose hf item is measured once more without its warm-up (after the parts)")
     args = p.parse_args()
     if args.compare:
         try:
@@ -281,9 +240,6 @@ def main() -> int:
           + (f"; not run: {','.join(left_out)}" if left_out else ""))
     if reports:
         print(table(summary(reports)))
-    probes = [n for n in args.probe_hf_single_run.split(",") if n]
-    probe = probe_hf_single_run(os.path.join(args.out, args.run), probes, args.baselines or "baselines") \
-        if probes else []
     if args.against_baselines and reports:
         rows, moved, verdicts = against_baselines(reports)
         with open(os.path.join(args.out, args.run, "against-baselines.txt"), "w") as f:
@@ -295,15 +251,11 @@ def main() -> int:
             counts[1] += 1
         print("\n" + table([("item", "verdict", "gpu.*/kv.* numbers as the baseline's")]
                             + [(*k, f"{same} of {n}") for k, (same, n) in per_item.items()]))
-        if probe:
-            print("\n" + table(probe))
         print("\n" + table(part_rows([k for k in args.suites.split(",") if k in reports])))
         same = len(rows) - 1 - len(moved)
         print(f"verdicts: {', '.join(f'{n} {v}' for v, n in sorted(verdicts.items()))}; gpu.*/kv.* numbers the same "
               f"as the committed baselines: {same} of {len(rows) - 1}" + (f"; moved: {'; '.join(moved)}" if moved
                                                                           else ""))
-    elif probe:
-        print("\n" + table(probe))
     return 0
 
 

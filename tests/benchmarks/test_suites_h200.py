@@ -41,7 +41,7 @@ def test_an_unknown_part_is_a_one_line_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["suites_h200.py", str(tmp_path), "--suites", "vl,r2"])
     with pytest.raises(SystemExit):
         sh.main()
-    assert "--suites: no part named r2 (parts: vl, v2, r1-long, r1-batch, r1, vl-v2)" in capsys.readouterr().err
+    assert "--suites: no part named r2 (parts: vl, v2, r1-long, r1-batch, r1, vl-v2, v2-paged)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,says", [
@@ -88,16 +88,3 @@ def test_the_at_once_run_asks_pytest_for_workers_and_work_stealing(tmp_path, mon
     cmd = seen[0]
     assert cmd[cmd.index("-n") + 1] == "4" and cmd[cmd.index("--dist") + 1] == "worksteal"
     assert sh.VL in cmd and sh.V2 in cmd and cmd[cmd.index("-k") + 1] == "not tp2"
-
-
-def test_the_hf_single_run_probe_runs_its_item_where_no_part_ran(tmp_path):
-    """The probe's worker command is the worker's own (flags it does not know end the probe with no result), and its
-    folder exists even when no part of the call ran."""
-    baselines = tmp_path / "baselines"
-    (baselines / "nvidia-h200" / "v2-4layers").mkdir(parents=True)
-    (baselines / "nvidia-h200" / "v2-4layers" / "hf.json").write_text(json.dumps(
-        {"metrics": {"kv.bytes.peak": {"value": 1}, "host.rss.peak": {"value": 2}}}))
-    rows = sh.probe_hf_single_run(str(tmp_path / "not-yet" / "probe"), ["v2-4layers"], str(baselines), device="cpu",
-                                  profile="ci")
-    assert [r[:2] for r in rows[1:]] == [("v2-4layers[hf]", "kv.bytes.peak")]
-    assert rows[1][3] not in ("None", "no result") and rows[1][4] == "NO"  # measured, and not the made-up 1 byte
