@@ -15,8 +15,11 @@ many cache bytes as the MLA cell beside them.
 
 Variants (MLA): "seesaw" the default (memcheck/kernels/mla.py
 on sm_90: memcheck/kernels/mla_seesaw.py),
-"triton" memcheck/kernels/mla.py's _mla_decode (16 and 32 heads only: its 16- and 32-head blocks run no padded rows).
+"triton" memcheck/kernels/mla.py's _mla_decode (16 and 32 heads only: its 16- and 32-head blocks run no padded rows),
+"seesaw-unmerged" the default with its partials left unmerged (a diagnostic, timed only: the default less it is what
+the merge of the partials and its gap cost a layer).
 """
+import contextlib
 import argparse
 import json
 import math
@@ -38,7 +41,9 @@ SEESAW = mh.SEESAW
 VARIANTS = {
     "seesaw": SEESAW,
     "triton": None,  # mla.decode_config(heads) with hopper off
+    "seesaw-unmerged": SEESAW,  # captured without its merge (unmerged): timed, never checked
 }
+UNCHECKED = {"seesaw-unmerged"}
 # (heads, batch, context): 16 heads (V2-Lite; V2/V3 over 8 ranks), 32 (over 4), 64 (over 2)
 CELLS = [
     (16, 1, 131072), (16, 2, 81920), (16, 8, 32768), (16, 32, 32768),
@@ -62,6 +67,20 @@ def config_of(name, heads):
     if name == "triton":
         return {**mla.decode_config(heads), "hopper": False}
     return VARIANTS[name]
+
+
+@contextlib.contextmanager
+def unmerged(name):
+    """For "seesaw-unmerged", the seesaw's merge of the partials left out of what is captured meanwhile."""
+    from memcheck.kernels import mla_seesaw
+
+    merge = mla_seesaw.merge_partials
+    if name in UNCHECKED:
+        mla_seesaw.merge_partials = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        mla_seesaw.merge_partials = merge
 
 
 def applies(name, heads):
@@ -90,9 +109,11 @@ def build(c, names, gen):
             if not applies(name, c.q_heads):
                 continue
             cfg = config_of(name, c.q_heads)
-            out = fns["output_with"](cfg)
-            row[f"{name}_rel_err"] = kb.rel_err(out, ref) if not out.isnan().any() else math.inf
-            graphs[name] = kb.graph_of(fns["with_config"](cfg))
+            if name not in UNCHECKED:
+                out = fns["output_with"](cfg)
+                row[f"{name}_rel_err"] = kb.rel_err(out, ref) if not out.isnan().any() else math.inf
+            with unmerged(name):
+                graphs[name] = kb.graph_of(fns["with_config"](cfg))
         del ref
     else:
         fns = kb.decode_cell(c, layers, gen)
@@ -130,7 +151,7 @@ def main():
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
 
-    checked = [n for n in args.variants if n != "triton"]
+    checked = [n for n in args.variants if n != "triton" and n not in UNCHECKED]
     mh.VARIANTS.update({n: VARIANTS[n] for n in checked})  # mh.check runs its variants by name
     for spec in ([] if args.no_checks else CHECKS):
         row = mh.check(*spec, gen, checked)
