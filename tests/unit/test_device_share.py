@@ -18,6 +18,9 @@ from memcheck.states import ErrorKind, ItemError
 GiB = 1 << 30
 
 
+START_UNCLAIMED = runner._start_fork_server_unclaimed
+
+
 def ledger(tmp_path, capacity=100 * GiB):
     return device_share.Ledger(str(tmp_path / "gpu.json"), capacity, poll_s=0.01, device_class="nvidia-h200")
 
@@ -132,6 +135,7 @@ def fake_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "_attention_missing", lambda *a: None)
     monkeypatch.setattr(runner, "_claim", lambda *a: (10 * GiB, ""))
     monkeypatch.setattr(runner, "_runs_on_gpu", lambda *a: True)
+    monkeypatch.setattr(runner, "_start_fork_server_unclaimed", lambda *a: 0.0)
     return led
 
 
@@ -209,3 +213,44 @@ def test_memcheck_run_n_measures_items_at_once_with_work_stealing(monkeypatch):
     assert cli.main(["run", "-n", "3", "suites/example.yaml"]) == 0
     args = seen[0]
     assert args[args.index("-n") + 1] == "3" and args[args.index("--dist") + 1] == "worksteal"
+
+
+def test_the_fork_server_starts_before_the_item_claims_the_gpu(fake_gpu, monkeypatch):
+    """Its imports take no device memory: a claim held meanwhile would keep other items off the GPU for nothing."""
+    events, servers = [], {}
+    monkeypatch.setattr(runner, "_start_fork_server_unclaimed", START_UNCLAIMED)  # the fixture's stand-in undone
+    monkeypatch.setattr(runner, "_SERVERS", servers)
+    monkeypatch.setattr(runner, "_FORK_REFUSED", {})
+
+    def start(python, env, rootdir):
+        events.append(f"server, {len(fake_gpu._read()['holders'])} holding")
+        time.sleep(0.05)
+        servers[python] = object()
+
+    def rounds(*a, **k):
+        events.append(f"rounds, {len(fake_gpu._read()['holders'])} holding")
+        return measured()
+
+    monkeypatch.setattr(runner, "_fork_server", start)
+    monkeypatch.setattr(runner, "_measure_rounds", rounds)
+    wl = SimpleNamespace(name="w", tensor_parallel=1)
+    first = runner.measure_item(wl, "hf", runner.Settings(parallel_items=2))
+    second = runner.measure_item(wl, "hf", runner.Settings(parallel_items=2))
+    assert events == ["server, 0 holding", "rounds, 1 holding", "rounds, 1 holding"]  # started once, before the first claim
+    assert first.phases["startup"] >= 0.05 and any("before the item claimed the GPU" in n for n in first.notes)
+    assert "startup" not in second.phases and not any("fork server started" in n for n in second.notes)
+    assert first.gpu_seconds < first.phases["startup"]  # the server's imports are not GPU seconds
+
+
+@pytest.mark.parametrize("refused,tp,says", [
+    ({"python": "the server cannot fork here"}, 1, "refused"),
+    ({}, 2, "ranks"),
+])
+def test_no_server_is_started_ahead_where_rounds_would_not_fork_from_it(monkeypatch, refused, tp, says):
+    monkeypatch.setattr(runner, "_python", lambda stack, rootdir: "python")
+    monkeypatch.setattr(runner, "_FORK_REFUSED", refused)
+    monkeypatch.setattr(runner, "_SERVERS", {})
+    monkeypatch.setattr(runner.rank_workers, "runs_ranks", lambda stack: True)
+    monkeypatch.setattr(runner, "_fork_server", lambda *a: pytest.fail(f"a server started ({says})"))
+    assert runner._start_fork_server_unclaimed(SimpleNamespace(tensor_parallel=tp), "paged", runner.Settings()) == 0.0
+
