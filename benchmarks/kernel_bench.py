@@ -234,6 +234,7 @@ class Cell:
     rope: int = 0  # MLA: qk_rope_head_dim
     floor_dims: tuple = ()  # (q/k, v) widths of the FLOP floor where the kernel's own math is wider (MLA prefill)
     check: bool = False  # compared with memcheck/kernels/reference.py in float32
+    block_size: int = BLOCK  # tokens a cache block
 
     @property
     def shape(self):
@@ -251,7 +252,8 @@ class Cell:
 
     @property
     def name(self):
-        return f"{self.shape} {self.case}"
+        blocks = f", blocks of {self.block_size}" if self.block_size != BLOCK else ""
+        return f"{self.shape} {self.case}{blocks}"
 
 
 def cache_bytes(c):
@@ -329,7 +331,7 @@ def matmul_rate():
 def paged_batch(c, gen):
     """Block table (blocks scattered at random), seq_lens and the cache's block count for c's sequences."""
     lengths = [c.context] * c.batch
-    table, num_blocks = scattered_tables(lengths, gen)
+    table, num_blocks = scattered_tables(lengths, gen, c.block_size)
     return table, torch.tensor(lengths, dtype=torch.int32, device=DEVICE), num_blocks
 
 
@@ -339,8 +341,8 @@ def bf16(*shape):
 
 def decode_cell(c, layers, gen):
     table, seq_lens, num_blocks = paged_batch(c, gen)
-    caches = [(bf16(num_blocks, BLOCK, c.kv_heads, c.head_dim), bf16(num_blocks, BLOCK, c.kv_heads, c.head_dim))
-              for _ in range(layers)]
+    shape = (num_blocks, c.block_size, c.kv_heads, c.head_dim)
+    caches = [(bf16(*shape), bf16(*shape)) for _ in range(layers)]
     q, scale = bf16(c.batch, c.q_heads, c.head_dim), c.head_dim ** -0.5
     k0, v0 = caches[0]
     return {"step": lambda: [kernels.paged_decode(q, k, v, table, seq_lens, scale) for k, v in caches],
@@ -359,7 +361,7 @@ def mla_queries(c):
 
 def mla_decode_cell(c, layers, gen):
     table, seq_lens, num_blocks = paged_batch(c, gen)
-    caches = [bf16(num_blocks, BLOCK, c.head_dim + c.rope) for _ in range(layers)]
+    caches = [bf16(num_blocks, c.block_size, c.head_dim + c.rope) for _ in range(layers)]
     (q_lat, q_pe, out), scale = mla_queries(c), (128 + 64) ** -0.5
 
     def step_with(cfg):
@@ -382,7 +384,7 @@ def packed_starts(c):
 
 def prefill_cell(c, layers, gen):
     table, seq_lens, num_blocks = paged_batch(c, gen)
-    k, v = (bf16(num_blocks, BLOCK, c.kv_heads, c.head_dim) for _ in range(2))
+    k, v = (bf16(num_blocks, c.block_size, c.kv_heads, c.head_dim) for _ in range(2))
     q, cu, scale = bf16(c.batch * c.new, c.q_heads, c.head_dim), packed_starts(c), c.head_dim ** -0.5
     ours = lambda: kernels.paged_prefill(q, k, v, table, cu, seq_lens, scale, max_q_len=c.new)  # noqa: E731
     kc, vc = contiguous(k, table, c.context), contiguous(v, table, c.context)  # [batch, kv heads, context, dim]
@@ -401,7 +403,7 @@ def mla_prefill_cell(c, layers, gen):
     """Ours in latent space (absorbed, as the stack runs a step where that costs fewer FLOPs); SDPA on the same-size
     problem decompressed (per-head q/k and v of floor_dims' widths), which the FLOP floor counts."""
     table, seq_lens, num_blocks = paged_batch(c, gen)
-    cache = bf16(num_blocks, BLOCK, c.head_dim + c.rope)
+    cache = bf16(num_blocks, c.block_size, c.head_dim + c.rope)
     (q_lat, q_pe, out), cu, scale = mla_queries(c), packed_starts(c), (128 + 64) ** -0.5
     qk, v = c.floor_dims
     q4, k4, v4 = bf16(c.batch, c.q_heads, c.new, qk), bf16(c.batch, c.q_heads, c.context, qk), bf16(
@@ -422,7 +424,7 @@ def mla_mha_prefill_cell(c, layers, gen):
     """kernels.mla_mha_prefill timed whole: the context's latent gathered, decompressed by kv_b_proj (random, scaled
     to keep keys and values near unit size) and attended; SDPA as beside the absorbed cell."""
     table, seq_lens, num_blocks = paged_batch(c, gen)
-    cache = bf16(num_blocks, BLOCK, c.head_dim + c.rope)
+    cache = bf16(num_blocks, c.block_size, c.head_dim + c.rope)
     qk, v = c.floor_dims
     nope, cu, scale = qk - c.rope, packed_starts(c), qk ** -0.5
     q_nope, q_pe = bf16(c.batch * c.new, c.q_heads, nope), bf16(c.batch * c.new, c.q_heads, c.rope)

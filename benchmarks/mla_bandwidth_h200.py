@@ -17,7 +17,8 @@ Variants (MLA): "seesaw" the default (memcheck/kernels/mla.py
 on sm_90: memcheck/kernels/mla_seesaw.py),
 "triton" memcheck/kernels/mla.py's _mla_decode (16 and 32 heads only: its 16- and 32-head blocks run no padded rows),
 "seesaw-unmerged" the default with its partials left unmerged (a diagnostic, timed only: the default less it is what
-the merge of the partials and its gap cost a layer).
+the merge of the partials and its gap cost a layer), "default" the kernels' entry point with no config, as the paged
+stack calls it (benchmarks/mla_grid_h200.py times it).
 """
 import contextlib
 import argparse
@@ -42,6 +43,7 @@ VARIANTS = {
     "seesaw": SEESAW,
     "triton": None,  # mla.decode_config(heads) with hopper off
     "seesaw-unmerged": SEESAW,  # captured without its merge (unmerged): timed, never checked
+    "default": None,  # memcheck.kernels.mla_decode as the paged stack calls it: no config, its dispatch's choice
 }
 UNCHECKED = {"seesaw-unmerged"}
 # (heads, batch, context): 16 heads (V2-Lite; V2/V3 over 8 ranks), 32 (over 4), 64 (over 2)
@@ -96,24 +98,25 @@ def replay_ms(graph, flush, replays=23, warm=3):
     return statistics.median(kb.replay_times(graph, flush, replays)[warm:])
 
 
-def build(c, names, gen):
-    """(row, {name: graph}) for one cell: its checks against the float32 reference (layer 0) and its graphs."""
+def build(c, names, gen, check=True):
+    """(row, {name: graph}) for one cell: its checks against the float32 reference (layer 0; check False: none, the
+    reference's float32 copy of a large cache left out) and its graphs."""
     layers = layers_of(c)
     row = {"cell": c.name, "family": c.family, "cache_mb": kb.cache_bytes(c) / 1e6, "layers": layers,
            "traffic_bytes": kb.traffic_bytes(c)}
     graphs = {}
     if c.family == kb.MLA_DECODE:
         fns = kb.mla_decode_cell(c, layers, gen)
-        ref = fns["reference"]()
+        ref = fns["reference"]() if check else None
         for name in names:
             if not applies(name, c.q_heads):
                 continue
             cfg = config_of(name, c.q_heads)
-            if name not in UNCHECKED:
-                out = fns["output_with"](cfg)
+            if check and name not in UNCHECKED:
+                out = fns["output"]() if name == "default" else fns["output_with"](cfg)
                 row[f"{name}_rel_err"] = kb.rel_err(out, ref) if not out.isnan().any() else math.inf
             with unmerged(name):
-                graphs[name] = kb.graph_of(fns["with_config"](cfg))
+                graphs[name] = kb.graph_of(fns["step"] if name == "default" else fns["with_config"](cfg))
         del ref
     else:
         fns = kb.decode_cell(c, layers, gen)

@@ -95,12 +95,14 @@ def check(heads, lengths, block_size, programs, gen, variants):
 
 
 def cell(name):
-    """[<heads>h:]b<batch>x<context>K, as b8x4K (128 heads) or 16h:b1x64K: an MLA decode cell (argparse's type: a bad
-    name is a usage error)."""
-    found = re.fullmatch(r"(?:(\d+)h:)?b(\d+)x(\d+)K", name)
+    """[<heads>h:]b<batch>x<context>K[/<block size>], as b8x4K (128 heads), 16h:b1x64K or 16h:b1x64K/64: an MLA decode
+    cell (argparse's type: a bad name is a usage error)."""
+    found = re.fullmatch(r"(?:(\d+)h:)?b(\d+)x(\d+)K(?:/(\d+))?", name)
     if not found:
-        raise argparse.ArgumentTypeError(f"{name!r} is not a cell: [<heads>h:]b<batch>x<context>K, as 16h:b8x4K")
-    return Cell(kb.MLA_DECODE, int(found[2]), int(found[3]) * 1024, 1, int(found[1] or 128), 1, 512, 64)
+        raise argparse.ArgumentTypeError(f"{name!r} is not a cell: [<heads>h:]b<batch>x<context>K[/<block size>], "
+                                         "as 16h:b8x4K or 16h:b8x4K/64")
+    return Cell(kb.MLA_DECODE, int(found[2]), int(found[3]) * 1024, 1, int(found[1] or 128), 1, 512, 64,
+                block_size=int(found[4] or kb.BLOCK))
 
 
 def time_cell(c, bandwidth, rate, gen, timed):

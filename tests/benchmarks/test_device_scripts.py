@@ -19,7 +19,7 @@ def run(script, *args):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this runner has a CUDA GPU")
 @pytest.mark.parametrize("script, dry_run_hint", [
     ("kernels_h200.py", True), ("at_size_h200.py", True), ("flush_ab_h200.py", False), ("mla_hopper_h200.py", False),
-    ("prefill_hopper_h200.py", False), ("combine_sweep_h200.py", False)])
+    ("prefill_hopper_h200.py", False), ("combine_sweep_h200.py", False), ("mla_grid_h200.py", True)])
 def test_a_device_script_without_a_gpu_says_so_in_one_line(script, dry_run_hint, tmp_path):
     args = ["--out", str(tmp_path)]
     if script == "at_size_h200.py":  # a grid JSON it can read, with no cells: the GPU is what is missing
