@@ -83,7 +83,7 @@ def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, 
 def summary(reports: dict[str, dict]) -> list[tuple]:
     from memcheck import units
 
-    rows = [("item", "verdict", "GPU s", "worker s", "timed s", "memory round s", "gpu.heap_alloc.peak",
+    rows = [("item", "verdict", "GPU s", "worker s", "waited s", "timed s", "memory round s", "gpu.heap_alloc.peak",
              "above weights", "kv floor", "tokens/s", "how started")]
     for report in reports.values():
         for item in report["items"]:
@@ -92,7 +92,8 @@ def summary(reports: dict[str, dict]) -> list[tuple]:
             started = next((n.split(": ", 1)[1][:40] for n in item.get("notes", []) if n.startswith("worker process")), "")
             gpu_s, rate = item.get("gpu_seconds"), (m.get("tokens_per_s") or {}).get("value")
             rows.append((item["id"], item["verdict"], "-" if gpu_s is None else f"{gpu_s:.1f}", f"{sum(ph.values()):.1f}",
-                         f"{sum(v for k, v in ph.items() if k != 'memory_round'):.1f}",
+                         f"{ph.get('gpu_wait', 0):.1f}",
+                         f"{sum(v for k, v in ph.items() if k not in ('memory_round', 'gpu_wait')):.1f}",
                          f"{ph.get('memory_round', 0):.1f}", units.format_bytes(peak),
                          units.format_bytes(peak - weights) if peak is not None and weights else "-",
                          units.format_bytes((item.get("floors") or {}).get("kv")),

@@ -35,6 +35,7 @@ class Held:
     end: float | None = None
     gpu_seconds: float | None = None  # its share: time alone counts whole, time beside k-1 others counts 1/k
     most_at_once: int = 1  # the most items holding the device at one moment, this one included
+    waited: float = 0.0  # seconds it waited for the claim to fit: what bounds a job of items at once, if anything
 
     @property
     def held_seconds(self) -> float:
@@ -61,10 +62,12 @@ class Ledger:
         """Wait until the item may start, hold the device while the block runs, then release it. claim: bytes of
         device memory, or None for the whole device."""
         token = f"{os.getpid()}-{id(object())}-{time.monotonic_ns()}"
+        asked = self.clock()
         while True:
             with self._locked() as state:
                 if self._fits(state["holders"], claim):
                     held = Held(alone=claim is None, start=self.clock())
+                    held.waited = held.start - asked
                     state["holders"][token] = {"pid": os.getpid(), "item": item, "bytes": claim,
                                                "start": held.start}
                     break

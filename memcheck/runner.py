@@ -78,6 +78,7 @@ def measure_item(workload, stack: str, settings: Settings) -> Measurement:
         m.notes.append(f"ran out of device memory beside {first.most_at_once - 1} other items ({why}): measured "
                        "again alone")
         alone_because = "measured again alone after running out of memory beside others"
+    m.phases["gpu_wait"] = round(first.waited + (held.waited if held is not first else 0.0), 3)
     m.gpu_seconds = round(first.gpu_seconds + (held.gpu_seconds if held is not first else 0.0), 3)
     m.gpu_held_seconds = round(first.held_seconds + (held.held_seconds if held is not first else 0.0), 3)
     if held.most_at_once > 1:

@@ -2,7 +2,7 @@
 --durations`), so the next slowdown of the gate shows which item and which phase it is in."""
 from __future__ import annotations
 
-PHASES = ("startup", "build", "warmup", "run", "teardown", "exit", "memory_round", "report")
+PHASES = ("startup", "gpu_wait", "build", "warmup", "run", "teardown", "exit", "memory_round", "report")
 
 
 def table(report, count: int = 0) -> list[str]:

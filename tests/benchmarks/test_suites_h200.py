@@ -88,3 +88,12 @@ def test_the_at_once_run_asks_pytest_for_workers_and_work_stealing(tmp_path, mon
     cmd = seen[0]
     assert cmd[cmd.index("-n") + 1] == "4" and cmd[cmd.index("--dist") + 1] == "worksteal"
     assert sh.VL in cmd and sh.V2 in cmd and cmd[cmd.index("-k") + 1] == "not tp2"
+
+
+def test_an_items_wait_for_the_gpu_is_its_own_column_not_timed_seconds():
+    item = {"id": "a[hf]", "verdict": "pass", "metrics": {}, "gpu_seconds": 10.0,
+            "phases": {"startup": 5.0, "gpu_wait": 20.0, "run": 10.0, "memory_round": 3.0}}
+    header, row = sh.summary({"r1": {"items": [item]}})
+    cells = dict(zip(header, row))
+    assert (cells["worker s"], cells["waited s"], cells["timed s"], cells["memory round s"]) == \
+        ("38.0", "20.0", "15.0", "3.0")

@@ -74,6 +74,21 @@ def test_a_claim_that_does_not_fit_waits(tmp_path):
     first.join(), second.join()
     order = [(kind, item) for kind, item, _ in events]
     assert order == [("start", "a"), ("end", "a"), ("start", "b"), ("end", "b")]
+    assert held["a"].waited < 0.05 and held["b"].waited >= 0.2  # b waited out most of a's 0.3 s
+
+
+def test_an_item_says_how_long_it_waited_for_the_gpu(fake_gpu, monkeypatch):
+    """The wait is a phase of its own (--memcheck-durations): a job bound by the GPU's memory shows it there."""
+    monkeypatch.setattr(runner, "_measure_rounds", lambda *a, **k: measured())
+    done = []
+    item = threading.Thread(target=lambda: done.append(
+        runner.measure_item(SimpleNamespace(name="w"), "hf", runner.Settings(parallel_items=2))))
+    with fake_gpu.hold("big[hf]", None):  # the whole GPU, for 0.2 s after the item asks
+        item.start()
+        time.sleep(0.2)
+    item.join()
+    m = done[0]
+    assert m.phases["gpu_wait"] >= 0.15 and m.gpu_held_seconds < m.phases["gpu_wait"]  # waiting holds no GPU
 
 
 def test_a_holder_whose_process_died_holds_nothing(tmp_path):
