@@ -2,7 +2,12 @@
 heads, batches of 1 to 256, 1K to 128K tokens, cache blocks of 16 and 64 tokens, with the layer's latent cache size.
 
     PYTHONUNBUFFERED=1 python benchmarks/mla_grid_h200.py [--heads 16,32] [--blocks 16,64] [--rounds 3] [--out DIR]
+        [--budget-s 540]
     python benchmarks/mla_grid_h200.py --dry-run    # the cells and their bands at the H200's nominal rates, no GPU
+    python benchmarks/mla_grid_h200.py --join A.json B.json    # one grid of the result files of several calls, no GPU
+
+The grid takes more than one device call: each call starts cells while --budget-s lasts, names those it did not
+start, and writes OUT/mla_grid_h200.json as it goes; --join prints the tables of several calls' files as one grid.
 
 The bands and their goals:
   compute-bound (its FLOPs at the matmul rate measured in the call take longer than its bytes at the copy rate):
@@ -118,8 +123,12 @@ def main():
     p.add_argument("--heads", default=",".join(map(str, HEADS)), help="of 16,32,64,128")
     p.add_argument("--blocks", default=",".join(map(str, BLOCK_SIZES)), help="cache block sizes, of 16,64")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--budget-s", type=float, default=540, help="start no cell after this many seconds")
     p.add_argument("--dry-run", action="store_true", help="list the cells and their bands at nominal rates")
+    p.add_argument("--join", nargs="+", metavar="RESULT.json", help="print the grid of these calls' result files")
     args = p.parse_args()
+    if args.join:
+        return join(args.join)
     try:
         heads = [int(h) for h in args.heads.split(",")]
         blocks = [int(b) for b in args.blocks.split(",")]
@@ -144,8 +153,11 @@ def main():
     copy_bps, matmul_flops = kb.copy_bandwidth(), kb.matmul_rate()
     print(f"copy {copy_bps / 1e12:.3f} TB/s, matmul {matmul_flops / 1e12:.0f} TFLOP/s", flush=True)
     flush = kb.flush_l2()
-    rows = []
+    rows, not_started = [], []
     for c in cells:
+        if time.time() - t0 > args.budget_s:
+            not_started.append(c.name)
+            continue
         name, copy_us, compute_us = band(c, copy_bps, matmul_flops)
         row = {"cell": c.name, "cache_mb": kb.cache_bytes(c) / 1e6, "band": name, "copy_floor_us": copy_us,
                "compute_floor_us": compute_us}
@@ -165,13 +177,38 @@ def main():
             json.dump({"device": torch.cuda.get_device_name(), "copy_bps": copy_bps, "matmul_flops": matmul_flops,
                        "rounds": args.rounds, "cells": rows, "left_out": [c.name for c in left_out]}, f, indent=1)
     print(f"\n{table(cell_rows(rows))}")
+    if not_started:
+        print(f"\nnot started, past --budget-s {args.budget_s:.0f}: {len(not_started)} cells, "
+              f"{', '.join(not_started)}")
     checked = [r for r in rows if r.get("checked")]
     print(f"\ncopy {copy_bps / 1e12:.3f} TB/s, matmul {matmul_flops / 1e12:.0f} TFLOP/s; {len(rows)} cells "
           f"({sum(r.get('ok', False) for r in checked)} of {len(checked)} checked against float32 within "
           f"{kb.BF16_BOUND}), {sum('error' in r for r in rows)} failed; left out for their size: "
           f"{', '.join(c.name for c in left_out) or 'none'}; {time.time() - t0:.0f} s")
     print(table(worst_rows(rows)))
-    return 0 if not any("error" in r for r in rows) else 1
+    return 0 if not any("error" in r for r in rows) and not not_started else 1
+
+
+def join(paths):
+    """The cell table and the worst cell per band of several calls' result files, as one grid (a cell timed in
+    more than one keeps its last call's row). A file that is not this script's result is a one-line error."""
+    cells, devices = {}, set()
+    for path in paths:
+        try:
+            with open(path) as f:
+                result = json.load(f)
+            rows = result["cells"]
+            devices.add(result["device"])
+            cells.update({r["cell"]: r for r in rows})
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"mla_grid_h200.py: {path}: not a result of this script ({type(e).__name__}: {e})", file=sys.stderr)
+            return 2
+    rows = list(cells.values())
+    print(table(cell_rows(rows)))
+    print(f"\n{len(rows)} cells from {len(paths)} files on {', '.join(sorted(devices))}; "
+          f"{sum('error' in r for r in rows)} failed")
+    print(table(worst_rows(rows)))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """benchmarks/mla_grid_h200.py on the CPU: its cells, the band each falls in, and the verdict per band."""
+import json
 import os
 import subprocess
 import sys
@@ -57,3 +58,23 @@ def test_the_dry_run_lists_the_cells_on_the_cpu():
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": root}, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "48 cells; left out for their size: MLA 16h b256 x 128K, MLA 16h b256 x 128K, blocks of 64" in done.stdout
+
+
+def test_calls_result_files_join_into_one_grid(tmp_path, capsys):
+    def result(name, *rows):
+        path = tmp_path / name
+        path.write_text(json.dumps({"device": "NVIDIA H200", "cells": [grid.judge(dict(r)) for r in rows]}))
+        return str(path)
+
+    row = {"cell": "a", "cache_mb": 151.0, "band": ">= 128 MB", "copy_floor_us": 100.0, "compute_floor_us": 10.0,
+           "read_us": 90.0, "ours_us": 140.0}
+    first = result("first.json", row, {**row, "cell": "b", "ours_us": 120.0})
+    second = result("second.json", {**row, "ours_us": 108.0}, {**row, "cell": "c", "ours_us": 105.0})
+    assert grid.join([first, second]) == 0
+    out = capsys.readouterr().out
+    assert "3 cells from 2 files on NVIDIA H200" in out
+    large = next(line for line in out.splitlines() if line.startswith(">= 128 MB"))
+    assert large.split()[-4:] == ["3", "2", "b", "1.20"]  # a's second call (1.08x) replaced its first (1.40x)
+    (tmp_path / "other.json").write_text("{}")
+    assert grid.join([first, str(tmp_path / "other.json")]) == 2
+    assert "other.json: not a result of this script" in capsys.readouterr().err
