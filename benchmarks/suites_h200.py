@@ -151,6 +151,26 @@ def against_baselines(reports: dict[str, dict]) -> tuple[list[tuple], list[str],
     return rows, moved, verdicts
 
 
+def bound_rows(reports: dict[str, dict]) -> list[tuple]:
+    """Items at once: what bounds each part. Its wall beside the seconds the GPU was held at all (the items' GPU
+    seconds add up to it), the rest idle (imports before the first claim, a tail of one item); the longest item's own
+    seconds (its worker's, less its wait for room), the bound no order beats; the seconds items waited for room."""
+    rows = [("part", "wall s", "GPU held s", "GPU idle s", "longest item", "its own s", "waited s, all items")]
+    for key, report in reports.items():
+        items = [i for i in report["items"] if i.get("gpu_seconds") is not None]
+        if not items:
+            continue
+        own = {i["id"]: sum((i.get("phases") or {}).values()) - (i.get("phases") or {}).get("gpu_wait", 0.0)
+               for i in items}
+        longest = max(own, key=own.get)
+        held = sum(i["gpu_seconds"] for i in items)
+        wall = SECONDS.get(key)
+        rows.append((key, f"{wall:.1f}" if wall is not None else "-", f"{held:.1f}",
+                     f"{wall - held:.1f}" if wall is not None else "-", longest, f"{own[longest]:.1f}",
+                     f"{sum((i.get('phases') or {}).get('gpu_wait', 0.0) for i in items):.1f}"))
+    return rows
+
+
 def part_rows(keys: list[str]) -> list[tuple]:
     """Each part's seconds in this call beside BEFORE_S."""
     rows = [("part", "before s", "after s", "after / before")]
@@ -241,6 +261,8 @@ def main() -> int:
           + (f"; not run: {','.join(left_out)}" if left_out else ""))
     if reports:
         print(table(summary(reports)))
+    if reports and args.at_once > 1:
+        print("\n" + table(bound_rows(reports)))
     if args.against_baselines and reports:
         rows, moved, verdicts = against_baselines(reports)
         with open(os.path.join(args.out, args.run, "against-baselines.txt"), "w") as f:

@@ -97,3 +97,13 @@ def test_an_items_wait_for_the_gpu_is_its_own_column_not_timed_seconds():
     cells = dict(zip(header, row))
     assert (cells["worker s"], cells["waited s"], cells["timed s"], cells["memory round s"]) == \
         ("38.0", "20.0", "15.0", "3.0")
+
+
+def test_a_parts_bounds_are_its_gpu_held_and_idle_seconds_and_its_longest_item(monkeypatch):
+    items = [{"id": "long[hf]", "gpu_seconds": 60.0, "phases": {"startup": 15.0, "gpu_wait": 30.0, "run": 70.0}},
+             {"id": "short[paged]", "gpu_seconds": 20.0, "phases": {"startup": 15.0, "run": 30.0}},
+             {"id": "skipped[vllm]", "gpu_seconds": None, "phases": {}}]
+    monkeypatch.setitem(sh.SECONDS, "r1", 130.0)
+    header, row = sh.bound_rows({"r1": {"items": items}})
+    assert dict(zip(header, row)) == {"part": "r1", "wall s": "130.0", "GPU held s": "80.0", "GPU idle s": "50.0",
+                                      "longest item": "long[hf]", "its own s": "85.0", "waited s, all items": "30.0"}
