@@ -2,7 +2,7 @@
 heads, batches of 1 to 256, 1K to 128K tokens, cache blocks of 16 and 64 tokens, with the layer's latent cache size.
 
     PYTHONUNBUFFERED=1 python benchmarks/mla_grid_h200.py [--heads 16,32] [--blocks 16,64] [--rounds 3] [--out DIR]
-        [--budget-s 540]
+        [--budget-s 450]
     python benchmarks/mla_grid_h200.py --dry-run    # the cells and their bands at the H200's nominal rates, no GPU
     python benchmarks/mla_grid_h200.py --join A.json B.json    # one grid of the result files of several calls, no GPU
 
@@ -123,7 +123,7 @@ def main():
     p.add_argument("--heads", default=",".join(map(str, HEADS)), help="of 16,32,64,128")
     p.add_argument("--blocks", default=",".join(map(str, BLOCK_SIZES)), help="cache block sizes, of 16,64")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--budget-s", type=float, default=540, help="start no cell after this many seconds")
+    p.add_argument("--budget-s", type=float, default=450, help="start no cell after this many seconds")
     p.add_argument("--dry-run", action="store_true", help="list the cells and their bands at nominal rates")
     p.add_argument("--join", nargs="+", metavar="RESULT.json", help="print the grid of these calls' result files")
     args = p.parse_args()
