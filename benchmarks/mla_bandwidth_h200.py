@@ -20,8 +20,8 @@ on sm_90: memcheck/kernels/mla_seesaw.py),
 the merge of the partials and its gap cost a layer), "default" the kernels' entry point with no config, as the paged
 stack calls it (benchmarks/mla_grid_h200.py times it).
 """
-import contextlib
 import argparse
+import contextlib
 import json
 import math
 import os

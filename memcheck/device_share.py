@@ -66,8 +66,8 @@ class Ledger:
         while True:
             with self._locked() as state:
                 if self._fits(state["holders"], claim):
-                    held = Held(alone=claim is None, start=self.clock())
-                    held.waited = held.start - asked
+                    start = self.clock()
+                    held = Held(alone=claim is None, start=start, waited=start - asked)
                     state["holders"][token] = {"pid": os.getpid(), "item": item, "bytes": claim,
                                                "start": held.start}
                     break

@@ -78,9 +78,10 @@ def measure_item(workload, stack: str, settings: Settings) -> Measurement:
         m.notes.append(f"ran out of device memory beside {first.most_at_once - 1} other items ({why}): measured "
                        "again alone")
         alone_because = "measured again alone after running out of memory beside others"
-    m.phases["gpu_wait"] = round(first.waited + (held.waited if held is not first else 0.0), 3)
-    m.gpu_seconds = round(first.gpu_seconds + (held.gpu_seconds if held is not first else 0.0), 3)
-    m.gpu_held_seconds = round(first.held_seconds + (held.held_seconds if held is not first else 0.0), 3)
+    holds = [first] if held is first else [first, held]  # a second hold: measured again alone
+    m.phases["gpu_wait"] = round(sum(h.waited for h in holds), 3)
+    m.gpu_seconds = round(sum(h.gpu_seconds for h in holds), 3)
+    m.gpu_held_seconds = round(sum(h.held_seconds for h in holds), 3)
     if held.most_at_once > 1:
         m.notes.append(held.describe())
         _mark_contended(m, f"{held.most_at_once} items on the GPU at once (-n {settings.parallel_items})")
