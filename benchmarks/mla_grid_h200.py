@@ -40,6 +40,7 @@ MAX_CACHE_BYTES = 20e9
 CHECK_BYTES = 1.5e9
 LARGE_BYTES = 128e6  # the memory-bound bands' boundary
 GOALS = {"compute-bound": 1.25, ">= 128 MB": 1.10, "< 128 MB": 1.15}
+ROW_FIELDS = ("cell", "cache_mb", "copy_floor_us", "compute_floor_us")  # and a band of GOALS
 AGAINST = {"compute-bound": "matmul floor", ">= 128 MB": "copy floor", "< 128 MB": "fastest read"}
 
 
@@ -199,8 +200,12 @@ def join(paths):
                 result = json.load(f)
             rows = result["cells"]
             devices.add(result["device"])
+            for r in rows:  # what the tables read of a row
+                missing = [k for k in ROW_FIELDS if not isinstance(r.get(k), (int, float) if k != "cell" else str)]
+                if missing or r.get("band") not in GOALS:
+                    raise ValueError(f"cell {r.get('cell')!r}: no {', '.join(missing) or 'known band'}")
             cells.update({r["cell"]: r for r in rows})
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             print(f"mla_grid_h200.py: {path}: not a result of this script ({type(e).__name__}: {e})", file=sys.stderr)
             return 2
     rows = list(cells.values())

@@ -78,3 +78,6 @@ def test_calls_result_files_join_into_one_grid(tmp_path, capsys):
     (tmp_path / "other.json").write_text("{}")
     assert grid.join([first, str(tmp_path / "other.json")]) == 2
     assert "other.json: not a result of this script" in capsys.readouterr().err
+    (tmp_path / "rowless.json").write_text(json.dumps({"device": "NVIDIA H200", "cells": [{"cell": "a"}]}))
+    assert grid.join([str(tmp_path / "rowless.json")]) == 2
+    assert "rowless.json: not a result of this script (ValueError: cell 'a': no cache_mb" in capsys.readouterr().err
