@@ -18,7 +18,7 @@ on sm_90: memcheck/kernels/mla_seesaw.py),
 "triton" memcheck/kernels/mla.py's _mla_decode (16 and 32 heads only: its 16- and 32-head blocks run no padded rows),
 "seesaw-unmerged" the default with its partials left unmerged (a diagnostic, timed only: the default less it is what
 the merge of the partials and its gap cost a layer), "default" the kernels' entry point with no config, as the paged
-stack calls it (benchmarks/mla_grid_h200.py times it).
+stack calls it (benchmarks/mla_grid_h200.py times it), "narrow" memcheck/kernels/mla_narrow.py (32 heads or fewer).
 """
 import argparse
 import contextlib
@@ -44,6 +44,7 @@ VARIANTS = {
     "triton": None,  # mla.decode_config(heads) with hopper off
     "seesaw-unmerged": SEESAW,  # captured without its merge (unmerged): timed, never checked
     "default": None,  # memcheck.kernels.mla_decode as the paged stack calls it: no config, its dispatch's choice
+    "narrow": {**SEESAW, "narrow": True},  # memcheck/kernels/mla_narrow.py: 32 heads or fewer, the heads as N
 }
 UNCHECKED = {"seesaw-unmerged"}
 # (heads, batch, context): 16 heads (V2-Lite; V2/V3 over 8 ranks), 32 (over 4), 64 (over 2)
@@ -86,7 +87,7 @@ def unmerged(name):
 
 
 def applies(name, heads):
-    return name != "triton" or heads <= 32
+    return name not in ("triton", "narrow") or heads <= 32
 
 
 def layers_of(c):
