@@ -24,11 +24,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .dispatch import launches_early, next_pow2, on_hopper, pdl_options, sm_count
 from .gluon_common import gdc_wait_gluon, partial_row, program_range, segment, stamp_gluon, tile_blocks
-from .mla_seesaw import SMEM_LAYOUT, tma_loads_fit
+from .mla_seesaw import cache_descriptors, tma_loads_fit
 from .stamps import SLOTS
 from .work_split import RUN_TIME_INTS, merge_partials
 
@@ -258,13 +257,7 @@ def mla_decode_narrow(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
     part_lse = torch.empty(num_programs * 2 * num_heads, device=q_latent.device, dtype=torch.float32)
     assert stamps is None or stamps.numel() >= num_programs * SLOTS
     tma_loads = tma_loads_fit(latent_cache)
-    lat_desc = pe_desc = latent_cache  # unused without TMA
-    if tma_loads:  # the cache as [tokens, 576] rows, a box a cache block (a tile's at most): half the latent, the rope
-        flat = latent_cache.view(-1, latent_cache.shape[-1])
-        box = min(latent_cache.shape[1], TILE)
-        lat_desc, pe_desc = (TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [box, cols],
-                                             SMEM_LAYOUT.value)
-                             for cols in (rank // 2, q_pe.shape[-1]))
+    lat_desc, pe_desc = cache_descriptors(latent_cache, rank, q_pe.shape[-1], tma_loads)
     _mla_decode_narrow[(num_programs,)](
         q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
         part_lse if stamps is None else stamps, qk_scale, num_seqs, num_programs,

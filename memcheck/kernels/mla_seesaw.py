@@ -393,13 +393,7 @@ def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
     part_lse = torch.empty(num_programs * 2 * rows, device=q_latent.device, dtype=torch.float32)
     assert stamps is None or stamps.numel() >= num_programs * SLOTS
     tma_loads = tma_loads_fit(latent_cache)
-    lat_desc = pe_desc = latent_cache  # unused without TMA
-    if tma_loads:  # the cache as [tokens, 576] rows, a box a cache block (a tile's at most): half the latent, the rope
-        flat = latent_cache.view(-1, latent_cache.shape[-1])
-        box = min(latent_cache.shape[1], 64)
-        lat_desc, pe_desc = (TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [box, cols],
-                                             SMEM_LAYOUT.value)
-                             for cols in (q_latent.shape[-1] // 2, q_pe.shape[-1]))
+    lat_desc, pe_desc = cache_descriptors(latent_cache, q_latent.shape[-1], q_pe.shape[-1], tma_loads)
     _mla_decode_seesaw[(num_programs,)](
         q_latent, q_pe, latent_cache, block_table, seq_lens, out, part_out, part_lse,
         part_lse if stamps is None else stamps, qk_scale, num_seqs, num_programs,
@@ -412,6 +406,17 @@ def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=rows,
                    head_dim=rank, block_n=BLOCK_N, min_tiles=min_tiles, align=True)  # as program_range
     return out
+
+
+def cache_descriptors(latent_cache, rank: int, rope: int, tma_loads: bool):
+    """The TMA descriptors of the cache as [tokens, 576] rows, a box a cache block (a 64-token tile's at most): half
+    the latent (a box is at most 256 wide), the rope keys. Without TMA the cache itself (unused by the kernel)."""
+    if not tma_loads:
+        return latent_cache, latent_cache
+    flat = latent_cache.view(-1, latent_cache.shape[-1])
+    box = min(latent_cache.shape[1], 64)
+    return tuple(TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [box, cols], SMEM_LAYOUT.value)
+                 for cols in (rank // 2, rope))
 
 
 def tma_loads_fit(latent_cache) -> bool:
