@@ -44,7 +44,7 @@ VARIANTS = {
     "triton": None,  # mla.decode_config(heads) with hopper off
     "seesaw-unmerged": SEESAW,  # captured without its merge (unmerged): timed, never checked
     "default": None,  # memcheck.kernels.mla_decode as the paged stack calls it: no config, its dispatch's choice
-    "narrow": {**SEESAW, "narrow": True},  # memcheck/kernels/mla_narrow.py: 32 heads or fewer, the heads as N
+    "narrow": mh.NARROW,
 }
 UNCHECKED = {"seesaw-unmerged"}
 # (heads, batch, context): 16 heads (V2-Lite; V2/V3 over 8 ranks), 32 (over 4), 64 (over 2)

@@ -26,6 +26,7 @@ from memcheck.kernels import mla, reference  # noqa: E402
 
 BOUND = kb.BF16_BOUND  # relative error of a bf16 output against the float32 reference
 SEESAW = {**mla.MANY_HEADS_CONFIG, "hopper": True}  # memcheck/kernels/mla_seesaw.py, the default
+NARROW = {**SEESAW, "narrow": True}  # memcheck/kernels/mla_narrow.py: 32 heads or fewer, the heads as N
 
 
 def triton_config(heads):

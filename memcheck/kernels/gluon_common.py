@@ -1,8 +1,11 @@
-"""What the Gluon kernels (mla_seesaw.py, prefill_hopper.py) share: Triton helpers they cannot call (Gluon cannot call
-Triton's jit functions), in Gluon's explicit layouts. work_split.py's tile line (every sequence's tiles end to end, cut
-into one range a program) and its partials' slots; PDL's wait; stamps.py's time stamps."""
+"""What the Gluon kernels (mla_seesaw.py, mla_narrow.py, prefill_hopper.py) share: Triton helpers they cannot call
+(Gluon cannot call Triton's jit functions), in Gluon's explicit layouts. work_split.py's tile line (every sequence's
+tiles end to end, cut into one range a program) and its partials' slots; cp.async copies arriving on a barrier; PDL's
+wait; stamps.py's time stamps."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .stamps import SLOTS
 from .work_split import ALIGN_TILES
@@ -84,3 +87,15 @@ def stamp_gluon(stamps_ptr, row, SLOT: gl.constexpr, WIDTH: gl.constexpr = SLOTS
     if SM:
         sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         gl.store(stamps_ptr + row * WIDTH + WIDTH - 1, sm.to(gl.int64))
+
+
+@gluon.jit
+def arrive_when_copied(ready, TMA: gl.constexpr):
+    """Each thread's cp.async copies arrive on `ready` as they land. TMA: `ready` counts one arrival (a buffer's TMA
+    copies share it), each thread's copies holding its phase open until they land; else it counts every thread."""
+    if TMA:
+        cp.mbarrier_arrive(ready)
+        gl.thread_barrier()
+        mbarrier.arrive(ready, count=1)
+    else:
+        cp.mbarrier_arrive(ready, increment_count=False)

@@ -26,7 +26,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .dispatch import launches_early, next_pow2, on_hopper, pdl_options, sm_count
-from .gluon_common import gdc_wait_gluon, partial_row, program_range, segment, stamp_gluon, tile_blocks
+from .gluon_common import (arrive_when_copied, gdc_wait_gluon, partial_row, program_range, segment, stamp_gluon,
+                           tile_blocks)
 from .mla_seesaw import cache_descriptors, tma_loads_fit
 from .stamps import SLOTS
 from .work_split import RUN_TIME_INTS, merge_partials
@@ -90,12 +91,7 @@ def _load_tile(k_lat_s, k_pe_s, ready, cache_ptr, bt_row, t0, end, stride_c_bloc
         cp.async_copy_global_to_shared(k_lat_s, row[:, None] + cols[None, :], mask=valid)
         pe_cols = RANK + gl.arange(0, k_pe_s.shape[1], gl.SliceLayout(0, ld))
         cp.async_copy_global_to_shared(k_pe_s, row[:, None] + pe_cols[None, :], mask=valid)
-        if TMA:  # the barrier counts one arrival: each thread's copies hold its phase open until they land
-            cp.mbarrier_arrive(ready)
-            gl.thread_barrier()
-            mbarrier.arrive(ready, count=1)
-        else:
-            cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
+        arrive_when_copied(ready, TMA)
 
 
 @gluon.jit
@@ -152,29 +148,14 @@ def _mla_decode_narrow(
         stamp_gluon(stamps_ptr, gl.program_id(0), 2)
     s_rows = gl.arange(0, TILE_C, gl.SliceLayout(1, s_layout))
 
-    # The loader: the segment holding the next tile to request (y), its query's buffer by the count of segments
-    # requested. Tile y goes into buffer (y - first) % 2.
-    l_seq, _, _, _, l_seg_end, l_start, l_end = segment(first, last, seqs, lens, tiles, ends, TILE_C)
+    # The loader: the segment holding the next tile to request, its query's buffer by the count of segments
+    # requested (the first request starts one). Tile y goes into buffer (y - first) % 2.
+    l_seq = first
+    l_seg_end = first
+    l_start = first
+    l_end = first
     l_x0 = first
     l_segs = 0
-    if first < last:
-        _load_query(q_lat_s.index(0), q_pe_s.index(0), q_ready.index(0), q_latent_ptr, q_pe_ptr, l_seq,
-                    stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head, NUM_HEADS, RANK, ROPE, ld)
-        l_segs = 1
-    y = first
-    while (y < first + 2) & (y < last):
-        if y >= l_seg_end:  # the second tile is the next sequence's first
-            l_seq, _, _, _, l_seg_end, l_start, l_end = segment(y, last, seqs, lens, tiles, ends, TILE_C)
-            l_x0 = y
-            _load_query(q_lat_s.index(l_segs % 2), q_pe_s.index(l_segs % 2), q_ready.index(l_segs % 2),
-                        q_latent_ptr, q_pe_ptr, l_seq, stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head,
-                        NUM_HEADS, RANK, ROPE, ld)
-            l_segs += 1
-        _load_tile(k_lat_s.index(y - first), k_pe_s.index(y - first), ready.index(y - first), cache_ptr,
-                   block_table_ptr + l_seq * stride_bt_seq, l_start + (y - l_x0) * TILE_C, l_end, stride_c_block,
-                   stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
-        y += 1
-
     # The consumer: the segment holding tile x, its running max and row sums (a value a head) and output.
     seq, n, t_first, count, seg_end, start, end = segment(first, last, seqs, lens, tiles, ends, TILE_C)
     x0 = first
@@ -182,49 +163,51 @@ def _mla_decode_narrow(
     m = gl.full([HP], float("-inf"), gl.float32, cols_s)
     l = gl.zeros([HP], gl.float32, cols_s)
     acc = gl.zeros([RANK, HP], gl.float32, s_layout)
-    for x in range(first, last):
+    for x in range(first - 2, last):  # the first two steps only request tiles
         i = x - first
-        buf = i % 2
-        if x == x0:
-            mbarrier.wait(q_ready.index(segs % 2), (segs // 2) & 1)
-        mbarrier.wait(ready.index(buf), (i // 2) & 1)
-        fence_async_shared()  # the copies' data, for the async proxy (wgmma)
-        qb = segs % 2
-        s = warpgroup_mma(k_lat_s.index(buf), q_lat_s.index(qb).permute((1, 0)),
-                          gl.zeros([TILE_C, HP], gl.float32, s_layout), is_async=True)
-        s = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_pe_s.index(buf), q_pe_s.index(qb).permute((1, 0)), s,
-                                                      is_async=True)])
-        t0 = start + (x - x0) * TILE_C
-        s = gl.where(((t0 + s_rows) < end)[:, None], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m, gl.max(s, axis=0))
-        alpha = gl.exp2(m - m_new)
-        p = gl.exp2(s - m_new[None, :])
-        l = l * alpha + gl.sum(p, axis=0)
-        m = m_new
-        p_s.store(p.to(gl.bfloat16))
-        fence_async_shared()  # P^T, for wgmma
-        gl.thread_barrier()  # every warp's rows of P^T stored
-        acc = acc * alpha[None, :]
-        acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_lat_s.index(buf).permute((1, 0)), p_s, acc,
-                                                        is_async=True)])
-        gl.thread_barrier()  # every warp done with this buffer and P^T
+        buf = (i + 2) % 2  # C's remainder: i + 2 >= 0
+        if x >= first:
+            if x == x0:
+                mbarrier.wait(q_ready.index(segs % 2), (segs // 2) & 1)
+            mbarrier.wait(ready.index(buf), (i // 2) & 1)
+            fence_async_shared()  # the copies' data, for the async proxy (wgmma)
+            qb = segs % 2
+            s = warpgroup_mma(k_lat_s.index(buf), q_lat_s.index(qb).permute((1, 0)),
+                              gl.zeros([TILE_C, HP], gl.float32, s_layout), is_async=True)
+            s = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_pe_s.index(buf), q_pe_s.index(qb).permute((1, 0)), s,
+                                                          is_async=True)])
+            t0 = start + (x - x0) * TILE_C
+            s = gl.where(((t0 + s_rows) < end)[:, None], s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m, gl.max(s, axis=0))
+            alpha = gl.exp2(m - m_new)
+            p = gl.exp2(s - m_new[None, :])
+            l = l * alpha + gl.sum(p, axis=0)
+            m = m_new
+            p_s.store(p.to(gl.bfloat16))
+            fence_async_shared()  # P^T, for wgmma
+            gl.thread_barrier()  # every warp's rows of P^T stored
+            acc = acc * alpha[None, :]
+            acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_lat_s.index(buf).permute((1, 0)), p_s, acc,
+                                                            is_async=True)])
+            gl.thread_barrier()  # every warp done with this buffer and P^T
 
-        if x + 1 == seg_end:  # the segment's output: whole, or a partial and its log-sum-exp
-            o = (acc / l[None, :]).to(gl.bfloat16)
-            if (t_first == 0) & (count == n):
-                _store_heads(o, out_ptr + seq * stride_o_seq, stride_o_head, NUM_HEADS)
-            else:
-                at = partial_row(x0, first, NUM_HEADS)
-                _store_heads(o, part_out_ptr + at * RANK, RANK, NUM_HEADS)
-                hs = gl.arange(0, HP, cols_s)
-                gl.store(part_lse_ptr + at + hs, m + gl.log2(l), mask=hs < NUM_HEADS)
-            segs += 1
-            if x + 1 < last:
-                seq, n, t_first, count, seg_end, start, end = segment(x + 1, last, seqs, lens, tiles, ends, TILE_C)
-                x0 = x + 1
-            m = gl.full([HP], float("-inf"), gl.float32, cols_s)
-            l = gl.zeros([HP], gl.float32, cols_s)
-            acc = gl.zeros([RANK, HP], gl.float32, s_layout)
+            if x + 1 == seg_end:  # the segment's output: whole, or a partial and its log-sum-exp
+                o = (acc / l[None, :]).to(gl.bfloat16)
+                if (t_first == 0) & (count == n):
+                    _store_heads(o, out_ptr + seq * stride_o_seq, stride_o_head, NUM_HEADS)
+                else:
+                    at = partial_row(x0, first, NUM_HEADS)
+                    _store_heads(o, part_out_ptr + at * RANK, RANK, NUM_HEADS)
+                    hs = gl.arange(0, HP, cols_s)
+                    gl.store(part_lse_ptr + at + hs, m + gl.log2(l), mask=hs < NUM_HEADS)
+                segs += 1
+                if x + 1 < last:
+                    seq, n, t_first, count, seg_end, start, end = segment(x + 1, last, seqs, lens, tiles, ends,
+                                                                          TILE_C)
+                    x0 = x + 1
+                m = gl.full([HP], float("-inf"), gl.float32, cols_s)
+                l = gl.zeros([HP], gl.float32, cols_s)
+                acc = gl.zeros([RANK, HP], gl.float32, s_layout)
 
         y = x + 2  # into this buffer, now free: the tile two ahead, with its sequence's query where it starts one
         if y < last:

@@ -32,7 +32,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .dispatch import launches_early, next_pow2, on_hopper, pdl_options, sm_count
-from .gluon_common import gdc_wait_gluon, partial_row, program_range, segment, stamp_gluon, tile_blocks
+from .gluon_common import (arrive_when_copied, gdc_wait_gluon, partial_row, program_range, segment, stamp_gluon,
+                           tile_blocks)
 from .stamps import SLOTS
 from .work_split import RUN_TIME_INTS, merge_partials
 
@@ -95,12 +96,7 @@ def _load_half(k_lat_s, k_pe_s, BUF: gl.constexpr, HALF_IDX: gl.constexpr, ready
         if BUF != HALF_IDX:
             pe_cols = RANK + gl.arange(0, 64, gl.SliceLayout(0, ld))
             cp.async_copy_global_to_shared(k_pe_s.index(BUF), row[:, None] + pe_cols[None, :], mask=valid)
-        if TMA:  # the barrier counts one arrival: each thread's copies hold its phase open until they land
-            cp.mbarrier_arrive(ready)
-            gl.thread_barrier()
-            mbarrier.arrive(ready, count=1)
-        else:
-            cp.mbarrier_arrive(ready, increment_count=False)  # every thread's copies, counted as they land
+        arrive_when_copied(ready, TMA)
 
 
 @gluon.jit

@@ -21,8 +21,8 @@ if REASON is None:  # the scripts import the kernels: only where they can run
     MLA_CHECKS, PREFILL_CHECKS, MLA_PREFILL_CHECKS = mla_bench.CHECKS, prefill_bench.CHECKS, prefill_bench.MLA_CHECKS
     NARROW_CHECKS = [spec for spec in MLA_CHECKS if spec[0] <= 32]
 else:
-    MLA_CHECKS = PREFILL_CHECKS = MLA_PREFILL_CHECKS = NARROW_CHECKS = [pytest.param(None, marks=pytest.mark.skip(reason=REASON),
-                                                                     id="skipped")]
+    MLA_CHECKS = PREFILL_CHECKS = MLA_PREFILL_CHECKS = NARROW_CHECKS = [
+        pytest.param(None, marks=pytest.mark.skip(reason=REASON), id="skipped")]
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_mla_seesaw_decode_matches_the_float32_reference(spec, gen):
 @pytest.mark.parametrize("spec", NARROW_CHECKS, ids=str)
 def test_mla_narrow_decode_matches_the_float32_reference(spec, gen, monkeypatch):
     """memcheck/kernels/mla_narrow.py (32 heads or fewer, the heads as the products' N) on the seesaw's checks."""
-    monkeypatch.setitem(mla_bench.VARIANTS, "narrow", {**mla_bench.SEESAW, "narrow": True})
+    monkeypatch.setitem(mla_bench.VARIANTS, "narrow", mla_bench.NARROW)
     row = mla_bench.check(*spec, gen, ["narrow"])
     assert row["ok"], row
 
