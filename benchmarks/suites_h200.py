@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,8 +54,9 @@ SECONDS: dict[str, float] = {}  # each part's wall in this call, pytest's start 
 
 
 def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, profile: str,
-             at_once: int = 1) -> dict | None:
-    """One suite (or part) through pytest --memcheck; its JSON report, or None if it wrote none."""
+             at_once: int = 1, cold_triton_cache: bool = False) -> dict | None:
+    """One suite (or part) through pytest --memcheck; its JSON report, or None if it wrote none. A cold Triton
+    cache is a new empty folder for this part alone, as each CI job starts with its own."""
     os.makedirs(os.path.join(out, tag), exist_ok=True)
     report = os.path.join(out, tag, f"{key}.json")
     files, select = PARTS[key]
@@ -68,6 +70,8 @@ def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, 
     if update:
         cmd.append("--memcheck-update-baselines")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    if cold_triton_cache:  # outside OUT: thousands of files
+        env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"triton-cache-{key}-")
     t0 = time.time()
     with open(os.path.join(out, tag, f"{key}.log"), "w") as log:
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -215,7 +219,7 @@ def main() -> int:
     p.add_argument("--baselines", default=None, help="the baselines folder (default: the project's)")
     p.add_argument("--compare", nargs=2, metavar="REPORT.json")
     p.add_argument("--at-once", type=int, default=1, help="items measured at once on the GPU (pytest -n)")
-    p.add_argument("--cold-triton-cache", action="store_true", help="an empty TRITON_CACHE_DIR under OUT/RUN")
+    p.add_argument("--cold-triton-cache", action="store_true", help="each part its own empty TRITON_CACHE_DIR, as each CI job")
     p.add_argument("--against-baselines", action="store_true",
                    help="every gpu.*/kv.* number beside the committed baseline's, and the parts beside BEFORE_S")
     args = p.parse_args()
@@ -237,10 +241,6 @@ def main() -> int:
     unknown = [key for key in args.suites.split(",") if key not in PARTS]
     if unknown:
         p.error(f"--suites: no part named {', '.join(unknown)} (parts: {', '.join(PARTS)})")
-    if args.cold_triton_cache:  # a new empty folder, outside OUT (thousands of files)
-        import tempfile
-
-        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")
     t0, reports, left_out = time.time(), {}, []
     for key in args.suites.split(","):
         left = args.budget_s - (time.time() - t0)
@@ -248,7 +248,8 @@ def main() -> int:
             left_out.append(key)
             print(f"[{args.run} {key}] not started: estimated {estimates[key]:.0f} s, {left:.0f} s left", flush=True)
             continue
-        report = run_part(args.out, args.run, key, args.update, args.baselines, args.profile, args.at_once)
+        report = run_part(args.out, args.run, key, args.update, args.baselines, args.profile, args.at_once,
+                          args.cold_triton_cache)
         if report is not None:
             reports[key] = report
     if reports:  # this call's reports and any an earlier call of the same run left in OUT/RUN
