@@ -72,12 +72,11 @@ def measure_item(workload, stack: str, settings: Settings) -> Measurement:
         m.notes.append(f"this process's fork server started before the item claimed the GPU ({server_s:.1f} s of "
                        "imports, in the startup phase, not in its GPU seconds)")
     first = held
-    if held.most_at_once > 1 and m.error and m.error.kind is ErrorKind.OOM:
-        why = m.error.message[:300]
+    squeezed = _squeezed(m) if held.most_at_once > 1 else None
+    if squeezed:
         m, held = _measure_holding(ledger, workload, stack, settings, None)
-        m.notes.append(f"ran out of device memory beside {first.most_at_once - 1} other items ({why}): measured "
-                       "again alone")
-        alone_because = "measured again alone after running out of memory beside others"
+        m.notes.append(f"{squeezed} beside {first.most_at_once - 1} other items: measured again alone")
+        alone_because = "measured again alone after device memory ran short beside others"
     holds = [first] if held is first else [first, held]  # a second hold: measured again alone
     m.phases["gpu_wait"] = round(sum(h.waited for h in holds), 3)
     m.gpu_seconds = round(sum(h.gpu_seconds for h in holds), 3)
@@ -88,6 +87,18 @@ def measure_item(workload, stack: str, settings: Settings) -> Measurement:
     elif settings.parallel_items > 1:
         m.notes.append(f"{held.describe()}: {alone_because or 'no other item ran beside it'}")
     return m
+
+
+def _squeezed(m: Measurement) -> str | None:
+    """Why an item measured beside others must be measured again alone, or None: it ran out of device memory, or
+    its allocator found none free and emptied its cache to retry (its reserved and fragmentation numbers then
+    depend on what the other items held, and the retries are themselves judged)."""
+    if m.error and m.error.kind is ErrorKind.OOM:
+        return f"ran out of device memory ({m.error.message[:300]})"
+    retries = m.metrics.get("gpu.alloc_retries")
+    if retries is not None and retries.value:
+        return f"its allocator emptied its cache and retried {retries.value:g} times (cudaMalloc failed)"
+    return None
 
 
 def _start_fork_server_unclaimed(workload, stack: str, s: Settings) -> float:

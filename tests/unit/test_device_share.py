@@ -178,6 +178,31 @@ def test_an_item_out_of_memory_beside_others_is_measured_again_alone(fake_gpu, m
     assert m.gpu_seconds > 0 and m.gpu_held_seconds >= m.gpu_seconds
 
 
+@pytest.mark.parametrize("first_retries,again", [(2, True), (0, False)])
+def test_an_item_whose_allocator_retried_beside_others_is_measured_again_alone(fake_gpu, monkeypatch,
+                                                                               first_retries, again):
+    """A cudaMalloc that failed and was retried after the cache was emptied moves the item's reserved and
+    fragmentation numbers with what the others held: beside others it is measured again, alone."""
+    calls = []
+
+    def rounds(wl, stack, settings, shared=False):
+        calls.append(shared)
+        m = measured()
+        if len(calls) == 1:
+            with fake_gpu.hold("other[paged]", GiB):
+                time.sleep(0.05)
+            m.metrics["gpu.alloc_retries"] = MetricValue(first_retries)
+        else:
+            m.metrics["gpu.alloc_retries"] = MetricValue(0)
+        return m
+
+    monkeypatch.setattr(runner, "_measure_rounds", rounds)
+    m = runner.measure_item(SimpleNamespace(name="w"), "hf", runner.Settings(parallel_items=2))
+    assert calls == ([True, False] if again else [True])
+    assert m.metrics["gpu.alloc_retries"].value == 0
+    assert any("retried 2 times" in n and "measured again alone" in n for n in m.notes) == again
+
+
 def test_time_metrics_are_marked_contended_only_when_another_item_shared_the_gpu(fake_gpu, monkeypatch):
     monkeypatch.setattr(runner, "_measure_rounds", lambda *a, **k: measured())
     alone = runner.measure_item(SimpleNamespace(name="w"), "hf", runner.Settings(parallel_items=2))
