@@ -1,7 +1,7 @@
 """Where a small decode's time goes, program by program: the decode kernels' time stamps (memcheck/kernels/stamps.py) on
 kernels_h200.py's grid cells, in a CUDA graph of the cell's layers as the grid times them (one GPU).
 
-Usage: python3 benchmarks/decode_timeline.py [--out DIR] [CASE ...]
+Usage: python3 benchmarks/decode_timeline.py [--out DIR] [--config JSON] [CASE ...]
 
 Per case, the layer's time (graph replay, L2 flushed before each) with the stamps off and on (their cost), then, of
 the last layer's attention kernel (the last replay): its span, first program started to last done; how far apart the
@@ -11,6 +11,7 @@ past the median one (the tail). What is left of the layer (the layer's time less
 partials and the gaps between kernels. A short table last; JSON and log to --out.
 """
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -88,14 +89,15 @@ def timer_step_ns(ran):
     return float(steps[steps > 0].min() * 1e3) if (steps > 0).any() else None
 
 
-def run_case(name, c, gen):
+def run_case(name, c, gen, config=None):
+    """config: the kernel's config beside its defaults (e.g. {"narrow": true}), stamped and not."""
     layers = cell_layers(c, GRID)
     build = (mla_decode_cell if c.family == MLA_DECODE else decode_cell)(c, layers, gen)
     buf = torch.zeros(MAX_PROGRAMS, stamps.SLOTS, dtype=torch.int64, device="cuda")
-    on = build["with_config"]({"stamps": buf})
-    row = {"case": name, "cell": c.name, "layers": layers,
+    on = build["with_config"]({**(config or {}), "stamps": buf})
+    row = {"case": name, "cell": c.name, "layers": layers, "config": config or {},
            "floor_us": floor_ms(traffic_bytes(c), attention_flops(c), H200_COPY_BPS, H200_MM_FLOPS) * 1e3}
-    row["layer_off_us"] = bench_graph(build["step"]) / layers * 1e3
+    row["layer_off_us"] = bench_graph(build["with_config"](config) if config else build["step"]) / layers * 1e3
     buf.zero_()
     row["layer_on_us"] = bench_graph(on) / layers * 1e3
     row.update(timeline(buf.cpu(), c))
@@ -126,6 +128,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cases", nargs="*", metavar="CASE", help=f"default: every one of {', '.join(CASES)}")
     ap.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
+    ap.add_argument("--config", type=json.loads, default=None,
+                    help='the kernels\' config beside their defaults, as JSON (e.g. \'{"narrow": true}\')')
     args = ap.parse_args()
     unknown = [n for n in args.cases if n not in CASES]
     if unknown:
@@ -133,7 +137,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU: the stamps are the GPU's global timer")
     gen = torch.Generator().manual_seed(0)
-    rows = timeline_report.collect([({"case": name}, lambda name=name: run_case(name, CASES[name], gen))
+    rows = timeline_report.collect([({"case": name}, lambda name=name: run_case(name, CASES[name], gen, args.config))
                                     for name in args.cases or CASES])
     timeline_report.write(args.out, "decode_timeline", rows, table(rows))
     return 0
