@@ -45,6 +45,7 @@ VARIANTS = {
     "seesaw-unmerged": SEESAW,  # captured without its merge (unmerged): timed, never checked
     "default": None,  # memcheck.kernels.mla_decode as the paged stack calls it: no config, its dispatch's choice
     "narrow": mh.NARROW,
+    "narrow-trigger": {**mh.NARROW, "trigger": True},  # its merge launched (PDL) once each program's last tile is asked
 }
 UNCHECKED = {"seesaw-unmerged"}
 # (heads, batch, context): 16 heads (V2-Lite; V2/V3 over 8 ranks), 32 (over 4), 64 (over 2)
@@ -87,7 +88,7 @@ def unmerged(name):
 
 
 def applies(name, heads):
-    return name not in ("triton", "narrow") or heads <= 32
+    return name not in ("triton", "narrow", "narrow-trigger") or heads <= 32
 
 
 def layers_of(c):

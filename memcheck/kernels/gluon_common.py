@@ -80,6 +80,14 @@ def gdc_wait_gluon():
 
 
 @gluon.jit
+def gdc_launch_dependents_gluon():
+    """PDL: the kernel after this one (launched with programmatic dependent launch) may start its programs once every
+    program of this one has passed here or exited; they still wait in gdc_wait for this one's end and writes."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
 def stamp_gluon(stamps_ptr, row, SLOT: gl.constexpr, WIDTH: gl.constexpr = SLOTS, SM: gl.constexpr = False):
     """memcheck/kernels/stamps.py's stamp, in Gluon (rows of WIDTH slots); SM: the multiprocessor too, in the row's last slot."""
     now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)

@@ -262,8 +262,9 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
                num_programs=None):
     """MLA decode: Triton's _mla_decode, or the Gluon seesaw (memcheck/kernels/mla_seesaw.py) on Hopper. out: a buffer
     to write (tests poison it); config (block_n, num_warps, num_stages, head_block, maxnreg, min_tiles, split_tail,
-    hopper: the seesaw where it runs; narrow: mla_narrow.py where it runs, 32 heads or fewer) and num_programs override
-    the tuned defaults (decode_config) and the grid."""
+    hopper: the seesaw where it runs; narrow: mla_narrow.py where it runs, 32 heads or fewer; trigger: narrow's PDL
+    trigger after each program's last tile request) and num_programs override the tuned defaults (decode_config) and
+    the grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]
     _, block_size, width = latent_cache.shape
@@ -278,7 +279,7 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
     if cfg.get("narrow") and mla_narrow is not None and mla_narrow.supported(q_latent, q_pe, latent_cache, num_heads):
         return mla_narrow.mla_decode_narrow(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E,
                                             out, min_tiles=cfg["min_tiles"], num_programs=num_programs,
-                                            stamps=stamps.buffer(cfg))
+                                            stamps=stamps.buffer(cfg), trigger=cfg.get("trigger", False))
     if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads):
         return mla_seesaw.mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E,
                                             out, min_tiles=cfg["min_tiles"], num_programs=num_programs,

@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .dispatch import launches_early, next_pow2, on_hopper, pdl_options, sm_count
-from .gluon_common import (arrive_when_copied, gdc_wait_gluon, partial_row, program_range, segment, stamp_gluon,
+from .gluon_common import (arrive_when_copied, gdc_launch_dependents_gluon, gdc_wait_gluon, partial_row, program_range, segment, stamp_gluon,
                            tile_blocks)
 from .mla_seesaw import cache_descriptors, tma_loads_fit
 from .stamps import SLOTS
@@ -114,7 +114,7 @@ def _mla_decode_narrow(
     lat_desc, pe_desc,
     NUM_HEADS: gl.constexpr, HP: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
-    TMA: gl.constexpr, PDL: gl.constexpr, WARPS: gl.constexpr,
+    TMA: gl.constexpr, PDL: gl.constexpr, WARPS: gl.constexpr, TRIGGER: gl.constexpr,
 ):
     line: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
@@ -221,15 +221,18 @@ def _mla_decode_narrow(
             _load_tile(k_lat_s.index(buf), k_pe_s.index(buf), ready.index(buf), cache_ptr,
                        block_table_ptr + l_seq * stride_bt_seq, l_start + (y - l_x0) * TILE_C, l_end, stride_c_block,
                        stride_c_tok, RANK, BLOCK_SIZE, ld, descs, TMA)
+            if PDL and TRIGGER and y + 1 == last:  # its last request made: the merge's programs may take their places
+                gdc_launch_dependents_gluon()
     if STAMPS:
         stamp_gluon(stamps_ptr, gl.program_id(0), 3, SM=True)
 
 
 def mla_decode_narrow(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, stamps=None):
+                      num_programs=None, stamps=None, trigger=False):
     """Decode over one wave (one program a multiprocessor: 182 KiB of shared memory at 16 heads, 220 at 32), then
     the partials merged (work_split.merge_partials), both launched with programmatic dependent launch where
-    dispatch.launches_early says so. qk_scale: the softmax scale times log2(e); stamps: stamps.py's buffer, or None."""
+    dispatch.launches_early says so. qk_scale: the softmax scale times log2(e); stamps: stamps.py's buffer, or None;
+    trigger: the merge launched once each program has requested its last tile, not once all have ended."""
     num_seqs, num_heads, rank = q_latent.shape
     if num_programs is None:
         num_programs = sm_count(q_latent.device)
@@ -249,7 +252,7 @@ def mla_decode_narrow(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
         lat_desc, pe_desc,
         NUM_HEADS=num_heads, HP=heads_pad, RANK=rank, ROPE=q_pe.shape[-1],
         BLOCK_SIZE=latent_cache.shape[1], SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, STAMPS=stamps is not None,
-        TMA=tma_loads, WARPS=warps, num_warps=warps, **pdl_options(launches_early(q_latent.device)))
+        TMA=tma_loads, WARPS=warps, TRIGGER=trigger, num_warps=warps, **pdl_options(launches_early(q_latent.device)))
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=1, rows=num_heads,
                    head_dim=rank, block_n=TILE, min_tiles=min_tiles, align=True)  # as program_range
     return out
