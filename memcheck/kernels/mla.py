@@ -48,10 +48,16 @@ MID_HEADS_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 2, "head_block"
 # in ranges, 0.0018 in float32; bound 0.01).
 MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block": 64, "maxnreg": None, "min_tiles": 2,
                      "split_tail": True, "hopper": True}
-# Up to 32 heads where the seesaw runs (an sm_90 GPU): one 64-head block, the rows past the last head masked (at 16
-# heads 4x the products, still under the latent's bytes: 121 FLOP a byte against the H200's 165) and partials of its
-# heads' rows only. Against _mla_decode's 16- and 32-head blocks: 1.07-1.30x faster at 16 heads, 1.38-1.58x at 32.
-FEW_HEADS_HOPPER_CONFIG = MANY_HEADS_CONFIG
+# 17 to 32 heads where the seesaw runs (an sm_90 GPU): one 64-head block, the rows past the last head masked (4x/2x the
+# products, still under the latent's bytes) and partials of its heads' rows only. Against _mla_decode's 32-head
+# blocks: 1.38-1.58x faster. mla_narrow (the heads as N) is slower here: a 151 MB layer 1.80x of the copy floor
+# against the seesaw's 1.48x on the H200, each tile read by two warpgroups.
+# Up to 16 heads (V2-Lite; V2/V3 over 8 ranks) where it runs: mla_narrow.py, the heads as the products' N, the same
+# tiles, ranges and partials (the same workspace) as the seesaw, whose tiles it falls back to elsewhere. On the H200:
+# 151 MB 1.42x against the seesaw's 1.49x, 302 MB 1.19x against 1.24x, 38 MB 2.17x against 2.46x (0-9% faster on an
+# H100 too).
+FEW_HEADS_HOPPER_CONFIG = {**MANY_HEADS_CONFIG, "narrow": True}
+NARROW_MOST_HEADS = 16
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator): a 4K prompt at 16 heads at 14.0x of the floor.
 PREFILL_CONFIG = {"rows": 32, "block_n": 64, "num_warps": 4, "num_stages": 2}
@@ -246,7 +252,7 @@ def decode_config(num_heads: int, hopper: bool = False) -> dict:
     if num_heads > 32:
         return MANY_HEADS_CONFIG
     if hopper:
-        return FEW_HEADS_HOPPER_CONFIG
+        return FEW_HEADS_HOPPER_CONFIG if num_heads <= NARROW_MOST_HEADS else MANY_HEADS_CONFIG
     return DEFAULT_CONFIG if num_heads <= 16 else MID_HEADS_CONFIG
 
 

@@ -1,5 +1,5 @@
-"""MLA decode in 64-head blocks on Hopper: FlashMLA's seesaw, in Gluon. The default on sm_90 for more than 32 heads
-and for 32 or fewer (one block, the rows past the last head masked: mla.FEW_HEADS_HOPPER_CONFIG).
+"""MLA decode in 64-head blocks on Hopper: FlashMLA's seesaw, in Gluon. The default on sm_90 for more than 16 heads
+(17 to 32 in one block, the rows past the last head masked); up to 16 mla_narrow.py runs (mla.decode_config).
 
 Two 4-warp partitions (gl.warp_specialize) each own every other 64-token tile of a segment: partition 0 the even tiles
 in buffer 0, partition 1 the odd ones in buffer 1. Each scores its own tiles at n64 (no query re-read for every 32

@@ -164,6 +164,9 @@ def test_the_hopper_kernel_takes_only_its_own_tiles_where_it_runs(monkeypatch):
     # 16- and 32-head blocks elsewhere
     for heads in (16, 32):
         assert mla._hopper_takes(mla.decode_config(heads, hopper=True), q, q_pe, cache, heads)
+    # where mla_narrow runs, its heads as N up to 16 heads (the seesaw's tiles where it does not), the seesaw above
+    assert [mla.decode_config(h, hopper=True).get("narrow", False) for h in (8, 16, 17, 32, 64)] == [
+        True, True, False, False, False]
     assert mla.decode_config(16) is mla.DEFAULT_CONFIG and mla.decode_config(32) is mla.MID_HEADS_CONFIG
     assert mla.decode_config(128) is mla.MANY_HEADS_CONFIG
     monkeypatch.setattr(mla, "mla_seesaw", None)
