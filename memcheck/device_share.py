@@ -3,7 +3,8 @@ GPU seconds.
 
 Under `-n N` (pytest-xdist) every runner that measures on a GPU holds it through one ledger file per device,
 under a file lock. An item claims the device memory its baseline peaked at, with room to regress, and starts
-when the claims of the items holding the device and its own fit in the device; an item with no baseline, whose
+when the claims of the items holding the device and its own fit in the device and no item expected to run longer
+(its baseline's time.wall) still waits; an item with no baseline, whose
 time metrics are judged, or whose stack reads the device's free memory claims the whole device and waits until
 nothing else holds it. Each item's torch allocator metrics are its own process's; NVML counts its process tree
 only (memcheck/metrics/nvml_poll.py, `shared`).
@@ -50,7 +51,8 @@ class Held:
 
 class Ledger:
     """The holders of one device, in a JSON file beside a lock file: {holders: {token: {pid, item, bytes, start}},
-    spans: [[start, end], ...] of holds that ended while others were still held (for their shares)}."""
+    waiting: {token: {pid, item, bytes, length, since}}, spans: [[start, end], ...] of holds that ended while others
+    were still held (for their shares)}."""
 
     def __init__(self, path: str, capacity: int | None, poll_s: float = 0.25, clock=time.time,
                  device_class: str | None = None):
@@ -58,20 +60,31 @@ class Ledger:
         self.device_class = device_class  # the baselines' folder of this GPU, for the claims
 
     @contextlib.contextmanager
-    def hold(self, item: str, claim: int | None):
+    def hold(self, item: str, claim: int | None, length: float = 0.0):
         """Wait until the item may start, hold the device while the block runs, then release it. claim: bytes of
-        device memory, or None for the whole device."""
+        device memory, or None for the whole device; length: how long the item is expected to run (its baseline's).
+        The longest waiting item goes first (as long: the first to ask): no item starts while one ahead of it waits,
+        since a long item kept out by shorter ones and started last is what a job of items at once waits for."""
         token = f"{os.getpid()}-{id(object())}-{time.monotonic_ns()}"
         asked = self.clock()
-        while True:
+        me = {"pid": os.getpid(), "item": item, "bytes": claim, "length": length, "since": asked}
+        try:
+            while True:
+                with self._locked() as state:
+                    ahead = [w for t, w in state["waiting"].items() if t != token and _ahead(w, me)]
+                    if self._fits(state["holders"], claim, ahead):
+                        state["waiting"].pop(token, None)
+                        start = self.clock()
+                        held = Held(alone=claim is None, start=start, waited=start - asked)
+                        state["holders"][token] = {"pid": os.getpid(), "item": item, "bytes": claim,
+                                                   "start": held.start}
+                        break
+                    state["waiting"][token] = me
+                time.sleep(self.poll_s)
+        except BaseException:  # interrupted while waiting: no longer ahead of anyone
             with self._locked() as state:
-                if self._fits(state["holders"], claim):
-                    start = self.clock()
-                    held = Held(alone=claim is None, start=start, waited=start - asked)
-                    state["holders"][token] = {"pid": os.getpid(), "item": item, "bytes": claim,
-                                               "start": held.start}
-                    break
-            time.sleep(self.poll_s)
+                state["waiting"].pop(token, None)
+            raise
         try:
             yield held
         finally:
@@ -86,7 +99,11 @@ class Ledger:
                 else:
                     state["spans"] = []
 
-    def _fits(self, holders: dict, claim: int | None) -> bool:
+    def _fits(self, holders: dict, claim: int | None, ahead: list) -> bool:
+        """Whether a claim may start beside the holders: none of the items ahead of it is still waiting (one that
+        waits does not fit, so no room beside it is left to keep), and it fits."""
+        if ahead:
+            return False
         if not holders:
             return True
         if claim is None or self.capacity is None or any(h["bytes"] is None for h in holders.values()):
@@ -101,7 +118,8 @@ class Ledger:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 state = self._read()
-                state["holders"] = {k: h for k, h in state["holders"].items() if _alive(h["pid"])}  # crashed jobs
+                for key in ("holders", "waiting"):  # crashed jobs
+                    state[key] = {k: h for k, h in state.get(key, {}).items() if _alive(h["pid"])}
                 yield state
                 tmp = f"{self.path}.{os.getpid()}.tmp"
                 with open(tmp, "w") as f:
@@ -114,11 +132,17 @@ class Ledger:
         try:
             with open(self.path) as f:
                 state = json.load(f)
-            if isinstance(state.get("holders"), dict) and isinstance(state.get("spans"), list):
+            if (isinstance(state.get("holders"), dict) and isinstance(state.get("spans"), list)
+                    and isinstance(state.get("waiting", {}), dict)):
                 return state
         except (OSError, ValueError, AttributeError):
             pass
-        return {"holders": {}, "spans": []}  # none yet, or left unreadable by a killed job: start afresh
+        return {"holders": {}, "waiting": {}, "spans": []}  # none yet, or left unreadable by a killed job: start afresh
+
+
+def _ahead(waiter: dict, me: dict) -> bool:
+    """Whether a waiting item goes before this one: expected to run longer, or as long and asking first."""
+    return (waiter["length"], -waiter["since"]) > (me["length"], -me["since"])
 
 
 def share(start: float, end: float, others: list) -> tuple[float, int]:

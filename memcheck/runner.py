@@ -65,8 +65,8 @@ def measure_item(workload, stack: str, settings: Settings) -> Measurement:
             _mark_contended(m, f"{settings.parallel_items} items measured at once (-n {settings.parallel_items})")
         return m
     server_s = _start_fork_server_unclaimed(workload, stack, settings)
-    claim, alone_because = _claim(ledger, workload, stack, settings)
-    m, held = _measure_holding(ledger, workload, stack, settings, claim)
+    claim, alone_because, length = _claim(ledger, workload, stack, settings)
+    m, held = _measure_holding(ledger, workload, stack, settings, claim, length)
     if server_s:  # its worker's startup, paid before the claim
         m.phases["startup"] = round(m.phases.get("startup", 0.0) + server_s, 3)
         m.notes.append(f"this process's fork server started before the item claimed the GPU ({server_s:.1f} s of "
@@ -74,7 +74,7 @@ def measure_item(workload, stack: str, settings: Settings) -> Measurement:
     first = held
     squeezed = _squeezed(m) if held.most_at_once > 1 else None
     if squeezed:
-        m, held = _measure_holding(ledger, workload, stack, settings, None)
+        m, held = _measure_holding(ledger, workload, stack, settings, None, length)
         m.notes.append(f"{squeezed} beside {first.most_at_once - 1} other items: measured again alone")
         alone_because = "measured again alone after device memory ran short beside others"
     holds = [first] if held is first else [first, held]  # a second hold: measured again alone
@@ -117,10 +117,11 @@ def _start_fork_server_unclaimed(workload, stack: str, s: Settings) -> float:
     return round(time.perf_counter() - t0, 3)
 
 
-def _measure_holding(ledger, workload, stack: str, settings: Settings, claim: int | None):
+def _measure_holding(ledger, workload, stack: str, settings: Settings, claim: int | None, length: float = 0.0):
     """The item's rounds while it holds the GPU (device_share.py): a claim of bytes lets other items run beside
-    it, whose memory NVML must then not count (the workers' --device-shared)."""
-    with ledger.hold(f"{workload.name}[{stack}]", claim) as held:
+    it, whose memory NVML must then not count (the workers' --device-shared); length: its expected run, the
+    longest waiting item admitted first."""
+    with ledger.hold(f"{workload.name}[{stack}]", claim, length) as held:
         m = _measure_rounds(workload, stack, settings, shared=claim is not None)
     return m, held
 
@@ -143,20 +144,24 @@ def _measure_rounds(workload, stack: str, settings: Settings, shared: bool = Fal
     return failed or first
 
 
-def _claim(ledger, workload, stack: str, settings: Settings) -> tuple[int | None, str]:
-    """The device memory the item claims (None: the whole GPU), from its baseline's gpu.device_used.peak."""
-    peak = None
+def _claim(ledger, workload, stack: str, settings: Settings) -> tuple[int | None, str, float]:
+    """The device memory the item claims (None: the whole GPU), from its baseline's gpu.device_used.peak; why it
+    claims the whole GPU; and how long it is expected to run, its baseline's time.wall (0 without one), by which
+    the ledger admits the longest waiting item first."""
+    peak, length = None, 0.0
     if settings.parallel_items > 1 and ledger.device_class:
         try:
             baseline = BaselineStore(settings.baselines).load(ledger.device_class, workload.name, stack)
-            peak = baseline and (baseline.metrics.get("gpu.device_used.peak") or MetricValue(None)).value
         except UsageError:  # a corrupt baseline: the item's verdict says so; here it only runs alone
-            peak = None
+            baseline = None
+        if baseline:
+            peak = (baseline.metrics.get("gpu.device_used.peak") or MetricValue(None)).value
+            length = (baseline.metrics.get("time.wall") or MetricValue(None)).value or 0.0
     try:
         stack_cls = stacks.load(stack)
     except Exception:  # noqa: BLE001 - a stack that cannot load says why from inside its worker, alone
-        return None, "its stack does not load here"
-    return device_share.claim(workload, stack_cls, peak, settings.rootdir, settings.parallel_items)
+        return None, "its stack does not load here", length
+    return (*device_share.claim(workload, stack_cls, peak, settings.rootdir, settings.parallel_items), length)
 
 
 def _runs_on_gpu(workload, stack: str, rootdir: str) -> bool:

@@ -33,9 +33,9 @@ def test_a_moment_shared_by_k_items_counts_one_kth_for_each():
     assert seconds == pytest.approx(8 / 2 + 2 / 3) and most == 3
 
 
-def hold_in_thread(led, item, claim, seconds, events, held):
+def hold_in_thread(led, item, claim, seconds, events, held, length=0.0):
     def body():
-        with led.hold(item, claim) as h:
+        with led.hold(item, claim, length) as h:
             events.append(("start", item, time.monotonic()))
             time.sleep(seconds)
             events.append(("end", item, time.monotonic()))
@@ -75,6 +75,78 @@ def test_a_claim_that_does_not_fit_waits(tmp_path):
     order = [(kind, item) for kind, item, _ in events]
     assert order == [("start", "a"), ("end", "a"), ("start", "b"), ("end", "b")]
     assert held["a"].waited < 0.05 and held["b"].waited >= 0.2  # b waited out most of a's 0.3 s
+
+
+def test_the_longest_waiting_item_starts_before_shorter_ones_that_would_fit_sooner(tmp_path):
+    """A long item started last is what a job of items at once waits for: with 60 GiB held on a 100 GiB device, a
+    long item (50 GiB) waits, and a shorter one (30 GiB) that would fit beside the holder waits behind it."""
+    led, events, held = ledger(tmp_path), [], {}
+    threads = [hold_in_thread(led, "holder", 60 * GiB, 0.3, events, held)]
+    time.sleep(0.05)
+    threads.append(hold_in_thread(led, "long", 50 * GiB, 0.2, events, held, length=80.0))
+    time.sleep(0.05)
+    threads.append(hold_in_thread(led, "short", 30 * GiB, 0.05, events, held, length=10.0))
+    for t in threads:
+        t.join()
+    order = [(kind, item) for kind, item, _ in events]
+    assert order.index(("start", "short")) > order.index(("end", "holder"))  # it fit at once (90 of 98 GiB)
+    assert order.index(("start", "long")) > order.index(("end", "holder"))
+    assert held["short"].start >= held["long"].start - 0.05  # admitted with the long one, not before it
+
+    # Without the long one waiting, the same short item starts beside the holder at once.
+    led, events, held = ledger(tmp_path / "again"), [], {}
+    (tmp_path / "again").mkdir()
+    threads = [hold_in_thread(led, "holder", 60 * GiB, 0.2, events, held)]
+    time.sleep(0.05)
+    threads.append(hold_in_thread(led, "short", 30 * GiB, 0.05, events, held, length=10.0))
+    for t in threads:
+        t.join()
+    order = [(kind, item) for kind, item, _ in events]
+    assert order.index(("start", "short")) < order.index(("end", "holder"))
+
+
+def test_items_of_the_same_length_go_first_come(tmp_path):
+    """Items of the same expected length (none known: 0) go in the order they asked."""
+    led, events, held = ledger(tmp_path), [], {}
+    threads = [hold_in_thread(led, "holder", 60 * GiB, 0.3, events, held)]
+    time.sleep(0.05)
+    threads.append(hold_in_thread(led, "big", 50 * GiB, 0.05, events, held))
+    time.sleep(0.05)
+    threads.append(hold_in_thread(led, "small", 10 * GiB, 0.05, events, held))
+    for t in threads:
+        t.join()
+    order = [(kind, item) for kind, item, _ in events]
+    assert order.index(("start", "big")) > order.index(("end", "holder"))
+    # small asked after big, at the same length: big is ahead, first come
+    assert order.index(("start", "small")) > order.index(("end", "holder"))
+
+
+def test_a_waiter_whose_process_died_keeps_no_room(tmp_path):
+    led = ledger(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with led._locked() as state:
+        state["waiting"]["gone"] = {"pid": dead.pid, "item": "x[hf]", "bytes": None, "length": 1e9,
+                                    "since": time.time()}
+    with led.hold("y[hf]", GiB, 1.0) as held:  # a dead whole-device waiter ahead would keep it out forever
+        pass
+    assert held.waited < 1.0
+
+
+def test_an_item_interrupted_while_waiting_leaves_the_queue(tmp_path, monkeypatch):
+    led = ledger(tmp_path)
+    with led._locked() as state:
+        state["holders"]["other"] = {"pid": os.getpid(), "item": "o[hf]", "bytes": None, "start": time.time()}
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(device_share.time, "sleep", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with led.hold("w[hf]", GiB, 5.0):
+            pass
+    with led._locked() as state:
+        assert state["waiting"] == {}
 
 
 def test_an_item_says_how_long_it_waited_for_the_gpu(fake_gpu, monkeypatch):
@@ -148,7 +220,7 @@ def fake_gpu(tmp_path, monkeypatch):
     led = ledger(tmp_path)
     monkeypatch.setattr(runner, "_device_ledger", lambda device: led)
     monkeypatch.setattr(runner, "_attention_missing", lambda *a: None)
-    monkeypatch.setattr(runner, "_claim", lambda *a: (10 * GiB, ""))
+    monkeypatch.setattr(runner, "_claim", lambda *a: (10 * GiB, "", 0.0))
     monkeypatch.setattr(runner, "_runs_on_gpu", lambda *a: True)
     monkeypatch.setattr(runner, "_start_fork_server_unclaimed", lambda *a: 0.0)
     return led
@@ -294,3 +366,21 @@ def test_no_server_is_started_ahead_where_rounds_would_not_fork_from_it(monkeypa
     monkeypatch.setattr(runner, "_fork_server", lambda *a: pytest.fail(f"a server started ({says})"))
     assert runner._start_fork_server_unclaimed(SimpleNamespace(tensor_parallel=tp), "paged", runner.Settings()) == 0.0
 
+
+
+def test_an_items_claim_and_expected_length_come_from_its_baseline():
+    """The committed H200 baseline of R1's staggered-finish item on stock transformers: its claim (device peak with
+    room to regress) and the length the ledger orders waiting items by (its time.wall)."""
+    from pathlib import Path
+
+    from memcheck.baselines import BaselineStore
+
+    folder = str(Path(__file__).resolve().parents[2] / "baselines")
+    base = BaselineStore(folder).load("nvidia-h200", "r1-staggered-finish", "hf")
+    led, wl = SimpleNamespace(device_class="nvidia-h200"), workload()
+    wl.name = "r1-staggered-finish"
+    claim, why, length = runner._claim(led, wl, "hf", runner.Settings(baselines=folder, parallel_items=6))
+    assert why == "" and claim == int(base.metrics["gpu.device_used.peak"].value * device_share.CLAIM_MARGIN)
+    assert length == base.metrics["time.wall"].value > 0
+    claim, why, length = runner._claim(led, wl, "hf", runner.Settings(baselines=folder, parallel_items=1))
+    assert (claim, length) == (None, 0.0) and why == "items run one at a time"
