@@ -115,10 +115,10 @@ COLUMNS = [  # key, heading, width, format
 
 
 LEGEND = ("us per layer; floor: the layer's bytes at the H200's copy rate or its FLOPs at the H200's matmul rate "
-          "(kernel_bench's, on any card: on an H100 it reads low); kernel: first program started -> last done; launch: the last program's start after the "
-          "first; wait, setup, work: medians (past griddepcontrol.wait; range known; its tiles and stores); 1st: "
-          "the first program done; tail: the last done after the median; rest: the layer less the kernel (the "
-          "merge, the gaps)")
+          "(kernel_bench's, on any card: on an H100 it reads low); kernel: first program started -> last done; "
+          "launch: the last program's start after the first; wait, setup, work: medians (past "
+          "griddepcontrol.wait; range known; its tiles and stores); 1st: the first program done; tail: the last "
+          "done after the median; rest: the layer less the kernel (the merge, the gaps)")
 
 
 def table(rows):

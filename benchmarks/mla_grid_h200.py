@@ -5,7 +5,7 @@ heads, batches of 1 to 256, 1K to 128K tokens, cache blocks of 16 and 64 tokens,
         [--budget-s 450]
     python benchmarks/mla_grid_h200.py --dry-run    # the cells and their bands at the H200's nominal rates, no GPU
     python benchmarks/mla_grid_h200.py --join A.json B.json    # one grid of the result files of several calls, no GPU
-    python benchmarks/mla_grid_h200.py --join benchmarks/mla_grid/*.json    # the committed grids, a file per card
+    python benchmarks/mla_grid_h200.py --join benchmarks/mla_grid/nvidia-h100.json    # a committed grid (a file a card)
 
 The grid takes more than one device call: each call starts cells while --budget-s lasts, names those it did not
 start, and writes OUT/mla_grid_h200.json as it goes; --join prints the tables of several calls' files as one grid.
@@ -183,7 +183,8 @@ def main():
         print(f"\nnot started, past --budget-s {args.budget_s:.0f}: {len(not_started)} cells, "
               f"{', '.join(not_started)}")
     checked = [r for r in rows if r.get("checked")]
-    print(f"\n{torch.cuda.get_device_name()}: copy {copy_bps / 1e12:.3f} TB/s, matmul {matmul_flops / 1e12:.0f} TFLOP/s; {len(rows)} cells "
+    print(f"\n{torch.cuda.get_device_name()}: copy {copy_bps / 1e12:.3f} TB/s, matmul {matmul_flops / 1e12:.0f} "
+          f"TFLOP/s; {len(rows)} cells "
           f"({sum(r.get('ok', False) for r in checked)} of {len(checked)} checked against float32 within "
           f"{kb.BF16_BOUND}), {sum('error' in r for r in rows)} failed; left out for their size: "
           f"{', '.join(c.name for c in left_out) or 'none'}; {time.time() - t0:.0f} s")
