@@ -8,13 +8,17 @@ the last layer's attention kernel (the last replay): its span, first program sta
 programs started (the launch); each program's start-up (started -> past griddepcontrol.wait -> its range known); its
 work (range known -> done: its tiles, its outputs or partials stored) per tile; and how long the last program ran
 past the median one (the tail). What is left of the layer (the layer's time less the span) is the merge of the
-partials and the gaps between kernels. A short table last; JSON and log to --out.
+partials and the gaps between kernels; the layer timed again with the merge not launched (its outputs wrong) says how
+much of it the merge's kernel is. A short table last; JSON and log to --out.
 """
 import argparse
+import contextlib
+import importlib
 import json
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -23,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # kernel_bench
 from kernel_bench import (DECODE, GRID, H200_COPY_BPS, H200_MM_FLOPS, MLA_DECODE, Cell,  # noqa: E402
                           attention_flops, bench_graph, cell_layers, decode_cell, floor_ms, mla_decode_cell,
                           traffic_bytes)
+import kernel_bench  # noqa: E402
 from benchmarks import timeline_report  # noqa: E402
 from memcheck.kernels import stamps  # noqa: E402
 
@@ -47,7 +52,11 @@ CASES = {  # the grid's worst small cells and a large one of each kernel for the
     "mla128-b8x4K": mla_cell(128, 8, 4096), "mla128-b256x4K": mla_cell(128, 256, 4096),
     # long segments, where the seesaw's loads by halves lose to whole tiles
     "mla16-b32x32K": mla_cell(16, 32, 32768), "mla128-b32x32K": mla_cell(128, 32, 32768),
+    # below 128 MB, where a plain read of the layer's bytes takes 2.4-14 us on an H100
+    "mla16-b1x1K": mla_cell(16, 1, 1024), "mla64-b1x1K": mla_cell(64, 1, 1024), "mla16-b8x1K": mla_cell(16, 8, 1024),
+    "mla16-b1x16K": mla_cell(16, 1, 16384), "mla16-b32x1K": mla_cell(16, 32, 1024),
 }
+KERNEL_MODULES = ("decode", "mla", "mla_narrow", "mla_seesaw")  # each launches work_split.merge_partials
 
 
 def tiles_per_program(c, programs):
@@ -60,7 +69,7 @@ def timeline(stamped, c):
     """The spans above, in us, from the stamps of the programs that ran ([programs, stamps.SLOTS]: times in ns, then
     each program's multiprocessor), and each program's multiprocessor and work."""
     stamped = stamped[(stamped[:, :stamps.TIMES] != 0).all(dim=1)]
-    ran, sms = stamped[:, :stamps.TIMES].double() / 1e3, stamped[:, stamps.TIMES]
+    ran, sms = stamped[:, :stamps.TIMES].double() / 1e3, stamped[:, stamps.SLOTS - 1]
     if len(ran) == 0:
         raise ValueError("no program wrote its time stamps")
     started, waited, ranged, done = ran.unbind(1)
@@ -74,7 +83,19 @@ def timeline(stamped, c):
             "us_per_tile": float(med(work)) / max(1.0, tiles_per_program(c, len(ran))),
             "first_done_us": float(done.min() - t0), "tail_us": float(done.max() - med(done)),
             "timer_step_ns": timer_step_ns(ran), "slowest_sms": slowest(sms, work),
-            "work_by_sm_us": {int(sm): round(float(w), 2) for sm, w in zip(sms, work)}}
+            "work_by_sm_us": {int(sm): round(float(w), 2) for sm, w in zip(sms, work)}, **first_tile(stamped, ranged)}
+
+
+def first_tile(stamped, ranged):
+    """Where the kernel stamps its first tile (stamps.FIRST_IN, FIRST_DONE): medians of range known -> that tile's
+    data in, and of its products; {} where it does not."""
+    first_in, first_done = stamped[:, stamps.FIRST_IN], stamped[:, stamps.FIRST_DONE]
+    took = (first_in != 0) & (first_done != 0)
+    if not took.any():
+        return {}
+    first_in, first_done = first_in[took].double() / 1e3, first_done[took].double() / 1e3
+    return {"first_in_p50_us": float(torch.median(first_in - ranged[took])),
+            "first_tile_p50_us": float(torch.median(first_done - first_in))}
 
 
 def slowest(sms, work, count=8):
@@ -89,6 +110,16 @@ def timer_step_ns(ran):
     return float(steps[steps > 0].min() * 1e3) if (steps > 0).any() else None
 
 
+@contextlib.contextmanager
+def merge_skipped():
+    """The decode kernels' merge of partials not launched (their outputs wrong): what the layer costs without it."""
+    with contextlib.ExitStack() as stack:
+        for name in KERNEL_MODULES:
+            module = importlib.import_module(f"memcheck.kernels.{name}")
+            stack.enter_context(mock.patch.object(module, "merge_partials", lambda *args, **kwargs: None))
+        yield
+
+
 def run_case(name, c, gen, config=None):
     """config: the kernel's config beside its defaults (e.g. {"narrow": true}), stamped and not."""
     layers = cell_layers(c, GRID)
@@ -98,6 +129,8 @@ def run_case(name, c, gen, config=None):
     row = {"case": name, "cell": c.name, "layers": layers, "config": config or {},
            "floor_us": floor_ms(traffic_bytes(c), attention_flops(c), H200_COPY_BPS, H200_MM_FLOPS) * 1e3}
     row["layer_off_us"] = bench_graph(build["with_config"](config) if config else build["step"]) / layers * 1e3
+    with merge_skipped():
+        row["no_merge_us"] = bench_graph(build["with_config"](config or {})) / layers * 1e3
     buf.zero_()
     row["layer_on_us"] = bench_graph(on) / layers * 1e3
     row.update(timeline(buf.cpu(), c))
@@ -107,8 +140,10 @@ def run_case(name, c, gen, config=None):
 
 COLUMNS = [  # key, heading, width, format
     ("case", "case", 15, "<"), ("floor_us", "floor", 6, ".1f"), ("layer_off_us", "layer", 7, ".1f"),
-    ("layer_on_us", "stamped", 7, ".1f"), ("span_us", "kernel", 7, ".1f"), ("launch_max_us", "launch", 6, ".1f"),
-    ("wait_p50_us", "wait", 5, ".1f"), ("setup_p50_us", "setup", 5, ".1f"), ("first_done_us", "1st", 6, ".1f"),
+    ("layer_on_us", "stamped", 7, ".1f"),
+    ("no_merge_us", "-merge", 6, ".1f"), ("span_us", "kernel", 7, ".1f"), ("launch_max_us", "launch", 6, ".1f"),
+    ("wait_p50_us", "wait", 5, ".1f"), ("setup_p50_us", "setup", 5, ".1f"),
+    ("first_in_p50_us", "in", 4, ".1f"), ("first_tile_p50_us", "tile1", 5, ".1f"), ("first_done_us", "1st", 6, ".1f"),
     ("work_p50_us", "work", 7, ".1f"), ("us_per_tile", "/tile", 5, ".2f"), ("tail_us", "tail", 5, ".1f"),
     ("rest_us", "rest", 6, ".1f"), ("programs", "progs", 5, ""), ("slowest_sms", "slowest (sm:work us)", 20, ""),
 ]
@@ -117,8 +152,10 @@ COLUMNS = [  # key, heading, width, format
 LEGEND = ("us per layer; floor: the layer's bytes at the H200's copy rate or its FLOPs at the H200's matmul rate "
           "(kernel_bench's, on any card: on an H100 it reads low); kernel: first program started -> last done; "
           "launch: the last program's start after the first; wait, setup, work: medians (past "
-          "griddepcontrol.wait; range known; its tiles and stores); 1st: the first program done; tail: the last "
-          "done after the median; rest: the layer less the kernel (the merge, the gaps)")
+          "griddepcontrol.wait; range known; its tiles and stores); in, tile1: medians of the first tile's data "
+          "arriving after the range is known, and of its products (where the kernel stamps them); 1st: the first "
+          "program done; tail: the last done after the median; rest: the layer less the kernel (the merge, the "
+          "gaps); -merge: the layer with the merge not launched")
 
 
 def table(rows):
@@ -131,7 +168,10 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", ".out"), help="folder for JSON and log")
     ap.add_argument("--config", type=json.loads, default=None,
                     help='the kernels\' config beside their defaults, as JSON (e.g. \'{"narrow": true}\')')
+    ap.add_argument("--flush", choices=("write", "read", "none"), default=kernel_bench.FLUSH,
+                    help="how L2 is emptied before each replay (none: warm, what a cold start costs)")
     args = ap.parse_args()
+    kernel_bench.FLUSH = args.flush
     unknown = [n for n in args.cases if n not in CASES]
     if unknown:
         ap.error(f"unknown case {unknown[0]!r}: the cases are {', '.join(CASES)}")

@@ -21,14 +21,15 @@ def collect(jobs):
 
 def table(rows, columns, legend):
     """legend, the headings, then a line a row. columns: (key, heading, width, format), format "<" a left-aligned
-    label; a row with "error" prints its labels and the error."""
+    label; a row with "error" prints its labels and the error, one without a column's key "-" there."""
     labels = [(k, w) for k, _, w, f in columns if f == "<"]
     lines = [legend, " ".join(f"{h:<{w}}" if f == "<" else f"{h:>{w}}" for _, h, w, f in columns)]
     for r in rows:
         if "error" in r:
             lines.append(" ".join(f"{r[k]:<{w}}" for k, w in labels) + f" failed: {r['error']}")
             continue
-        lines.append(" ".join(f"{r[k]:<{w}}" if f == "<" else f"{r[k]:>{w}{f}}" for k, _, w, f in columns))
+        lines.append(" ".join(f"{r[k]:<{w}}" if f == "<" else f"{'-':>{w}}" if r.get(k) is None else f"{r[k]:>{w}{f}}"
+                              for k, _, w, f in columns))
     return "\n".join(lines)
 
 

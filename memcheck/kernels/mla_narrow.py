@@ -170,6 +170,9 @@ def _mla_decode_narrow(
             if x == x0:
                 mbarrier.wait(q_ready.index(segs % 2), (segs // 2) & 1)
             mbarrier.wait(ready.index(buf), (i // 2) & 1)
+            if STAMPS:  # the first tile's data in (stamps.FIRST_IN); a constexpr slot, as the others
+                if i == 0:
+                    stamp_gluon(stamps_ptr, gl.program_id(0), 4)
             fence_async_shared()  # the copies' data, for the async proxy (wgmma)
             qb = segs % 2
             s = warpgroup_mma(k_lat_s.index(buf), q_lat_s.index(qb).permute((1, 0)),
@@ -190,6 +193,9 @@ def _mla_decode_narrow(
             acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(k_lat_s.index(buf).permute((1, 0)), p_s, acc,
                                                             is_async=True)])
             gl.thread_barrier()  # every warp done with this buffer and P^T
+            if STAMPS:  # its products done (stamps.FIRST_DONE)
+                if i == 0:
+                    stamp_gluon(stamps_ptr, gl.program_id(0), 5)
 
             if x + 1 == seg_end:  # the segment's output: whole, or a partial and its log-sum-exp
                 o = (acc / l[None, :]).to(gl.bfloat16)

@@ -10,12 +10,15 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import globaltimer, smid
 
-SLOTS = 5
+SLOTS = 7
 # started; past griddepcontrol.wait (where the kernel waits on the one before it, else as started); its range known,
-# its first loads next; its last output or partial stored; then not a time: the multiprocessor it ran on (%smid), so
-# a slow program's place can be told from its work (a tail of some programs against others with as many tiles)
-NAMES = ("started", "waited", "ranged", "done", "sm")
-TIMES = 4  # the slots that are times
+# its first loads next; its last output or partial stored; where a kernel stamps them (mla_narrow), its first tile's
+# data arrived and that tile's products done (0 elsewhere: how long a program's first request takes against its
+# arithmetic); then not a time: the multiprocessor it ran on (%smid), so a slow program's place can be told from its
+# work (a tail of some programs against others with as many tiles)
+NAMES = ("started", "waited", "ranged", "done", "first_in", "first_done", "sm")
+TIMES = 4  # the slots every stamping kernel writes
+FIRST_IN, FIRST_DONE = 4, 5  # the optional ones
 _SLOTS = tl.constexpr(SLOTS)  # a row's width, in the kernels
 
 

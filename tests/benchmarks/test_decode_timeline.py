@@ -1,5 +1,6 @@
 """benchmarks/decode_timeline.py's arithmetic on made-up time stamps, on the CPU: the spans, the tail and each
-program's work by multiprocessor must be the ones that made the stamps (memcheck/kernels/stamps.py: 4 times, then %smid)."""
+program's work by multiprocessor must be the ones that made the stamps (memcheck/kernels/stamps.py: 4 times, 2
+optional ones, then %smid)."""
 import sys
 from pathlib import Path
 
@@ -15,7 +16,8 @@ def test_work_by_multiprocessor_and_the_slowest_from_the_stamps():
     buf = torch.zeros(6, stamps.SLOTS, dtype=torch.int64)  # 4 programs ran, 2 spare rows never written
     t0 = 10_000_000
     for pid, (sm, work_ns) in enumerate([(0, 300_000), (7, 280_000), (8, 320_000), (15, 290_000)]):
-        buf[pid] = torch.tensor([t0, t0 + 250, t0 + 1000, t0 + 1000 + work_ns, sm])  # sm 0 is a place, not unwritten
+        # sm 0 is a place, not unwritten; the first tile's stamps not written (a kernel that does not take them)
+        buf[pid] = torch.tensor([t0, t0 + 250, t0 + 1000, t0 + 1000 + work_ns, 0, 0, sm])
     r = dt.timeline(buf, dt.CASES["mla16-b32x32K"])
     assert r["programs"] == 4
     assert r["work_by_sm_us"] == {0: 300.0, 7: 280.0, 8: 320.0, 15: 290.0}
@@ -23,6 +25,28 @@ def test_work_by_multiprocessor_and_the_slowest_from_the_stamps():
     assert r["work_max_us"] == pytest.approx(320.0)
     assert r["span_us"] == pytest.approx(321.0)  # first started -> last done
     assert r["first_done_us"] == pytest.approx(281.0)
+    assert "first_in_p50_us" not in r
+
+
+def test_the_first_tiles_stamps_where_the_kernel_takes_them():
+    buf = torch.zeros(3, stamps.SLOTS, dtype=torch.int64)
+    t0 = 10_000_000
+    for pid, (tile_in, tile1) in enumerate([(5_000, 500), (6_000, 700), (7_000, 600)]):
+        ranged = t0 + 1000
+        first_in = ranged + tile_in
+        buf[pid] = torch.tensor([t0, t0 + 250, ranged, ranged + 20_000, first_in, first_in + tile1, pid])
+    r = dt.timeline(buf, dt.CASES["mla16-b1x1K"])
+    assert r["first_in_p50_us"] == pytest.approx(6.0)  # range known -> the first tile's data in
+    assert r["first_tile_p50_us"] == pytest.approx(0.6)  # its products
+
+
+def test_a_kernel_without_the_first_tiles_stamps_prints_a_dash_there():
+    buf = torch.tensor([[10_000, 10_001, 10_002, 10_003, 0, 0, 1]])
+    row = {"case": "gqa28-b1x4K", "floor_us": 1.0, "layer_off_us": 2.0, "layer_on_us": 2.0, "no_merge_us": 1.5,
+           "rest_us": 1.0, **dt.timeline(buf, dt.CASES["gqa28-b1x4K"])}
+    cells = dt.table([row]).splitlines()[-1].split()
+    headings = dt.table([row]).splitlines()[-2].split()
+    assert cells[headings.index("in")] == cells[headings.index("tile1")] == "-"
 
 
 def test_an_unwritten_buffer_is_an_error_not_a_row_of_zeros():
