@@ -26,7 +26,7 @@ from memcheck.kernels import mla, reference  # noqa: E402
 
 BOUND = kb.BF16_BOUND  # relative error of a bf16 output against the float32 reference
 SEESAW = {**mla.MANY_HEADS_CONFIG, "hopper": True}  # memcheck/kernels/mla_seesaw.py, the default
-NARROW = {**SEESAW, "narrow": True}  # memcheck/kernels/mla_narrow.py: 32 heads or fewer, the heads as N
+NARROW = mla.FEW_HEADS_HOPPER_CONFIG  # memcheck/kernels/mla_narrow.py as the stack runs it: the heads as N
 
 
 def triton_config(heads):
@@ -49,6 +49,7 @@ CHECKS = [
     # fewer heads than a block (V2-Lite's 16; 40 a block and a part): the rows past the last head masked
     (16, [1, 17, 64, 65, 1000, 4097], 16, None),
     (16, [70000], 16, None),
+    (16, [1000] * 8, 64, None),  # 128 tiles, fewer than the programs: one-tile ranges at mla_narrow's min_tiles 1
     (40, [0, 300, 0, 5, 2048, 63], 64, None),
     (32, [1, 17, 64, 65, 1000, 4097], 16, None),  # V2/V3 over 4 tensor-parallel ranks
     # sequences cut into 2 ranges a head block (128 heads), into 4 (16), and a mix of 1, 2 and more
