@@ -55,7 +55,7 @@ CASES = {  # the grid's worst small cells and a large one of each kernel for the
     # below 128 MB, where a plain read of the layer's bytes takes 2.4-14 us on an H100
     "mla16-b1x1K": mla_cell(16, 1, 1024), "mla64-b1x1K": mla_cell(64, 1, 1024), "mla16-b8x1K": mla_cell(16, 8, 1024),
     "mla16-b1x16K": mla_cell(16, 1, 16384), "mla16-b32x1K": mla_cell(16, 32, 1024),
-    "mla16-b8x550": mla_cell(16, 8, 550),  # the V2-Lite suite's decode step
+    "mla16-b8x550": mla_cell(16, 8, 550),  # the batch _mla_decode's min_tiles 2 was chosen on (kernel-decisions.md)
 }
 KERNEL_MODULES = ("decode", "mla", "mla_narrow", "mla_seesaw")  # each launches work_split.merge_partials
 

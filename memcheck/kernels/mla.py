@@ -56,8 +56,8 @@ MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block
 # tiles, ranges and partials (the same workspace) as the seesaw, whose tiles it falls back to elsewhere. On the H200:
 # 151 MB 1.42x against the seesaw's 1.49x, 302 MB 1.19x against 1.24x, 38 MB 2.17x against 2.46x (0-9% faster on an
 # H100 too). min_tiles 1: its partial (16 heads x 512, bf16: 16 KiB) is a quarter of the 72 KiB tile it summarises, so
-# a small layer is cut into one-tile ranges, half the latency chain a program (H100, L2 flushed: V2-Lite's 8 x 550
-# tokens 14.3 -> 11.1 us a layer, 1 x 1K 11.8 -> 10.4; docs/kernel-decisions.md); larger layers are cut as before.
+# a small layer is cut into one-tile ranges, half the latency chain a program (H100, L2 flushed: 8 x 550 tokens
+# 14.3 -> 11.1 us a layer, 1 x 1K 11.8 -> 10.4; docs/kernel-decisions.md); larger layers are cut as before.
 FEW_HEADS_HOPPER_CONFIG = {**MANY_HEADS_CONFIG, "narrow": True, "min_tiles": 1}
 NARROW_MOST_HEADS = 16
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
