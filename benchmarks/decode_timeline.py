@@ -9,7 +9,9 @@ programs started (the launch); each program's start-up (started -> past griddepc
 work (range known -> done: its tiles, its outputs or partials stored) per tile; and how long the last program ran
 past the median one (the tail). What is left of the layer (the layer's time less the span) is the merge of the
 partials and the gaps between kernels; the layer timed again with the merge not launched (its outputs wrong) says how
-much of it the merge's kernel is. A short table last; JSON and log to --out.
+much of it the merge's kernel is, and timed with the merge's kernel launched on its grid but merging nothing (past
+its griddepcontrol.wait it ends) how much of that is the boundary between two kernels rather than the merging. A short
+table last; JSON and log to --out.
 """
 import argparse
 import contextlib
@@ -21,6 +23,9 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # kernel_bench
@@ -56,6 +61,9 @@ CASES = {  # the grid's worst small cells and a large one of each kernel for the
     "mla16-b1x1K": mla_cell(16, 1, 1024), "mla64-b1x1K": mla_cell(64, 1, 1024), "mla16-b8x1K": mla_cell(16, 8, 1024),
     "mla16-b1x16K": mla_cell(16, 1, 16384), "mla16-b32x1K": mla_cell(16, 32, 1024),
     "mla16-b8x550": mla_cell(16, 8, 550),  # the batch _mla_decode's min_tiles 2 was chosen on (kernel-decisions.md)
+    # the seesaw's small layers at 32 heads (V2/V3 over 4 ranks) and 64, where a partial (32 and 64 KiB in bf16) weighs
+    # less than the 72 KiB tile it summarises: whether one-tile ranges pay there too
+    "mla32-b1x1K": mla_cell(32, 1, 1024), "mla32-b8x550": mla_cell(32, 8, 550), "mla64-b8x550": mla_cell(64, 8, 550),
 }
 KERNEL_MODULES = ("decode", "mla", "mla_narrow", "mla_seesaw")  # each launches work_split.merge_partials
 
@@ -121,6 +129,30 @@ def merge_skipped():
         yield
 
 
+@triton.jit
+def _boundary_only(PDL: tl.constexpr):
+    """The merge's place in the layer with nothing merged: launched as it is (early, where PDL), waits, ends."""
+    if PDL:
+        gdc_wait()
+
+
+class _BoundaryLaunch:
+    """Stands in for work_split.combine_cut_units: the same grid and launch options, _boundary_only's work."""
+
+    def __getitem__(self, grid):
+        def launch(*args, PDL, launch_pdl=False, num_warps=4, **constexprs):
+            _boundary_only[grid](PDL=PDL, num_warps=num_warps, **({"launch_pdl": True} if launch_pdl else {}))
+        return launch
+
+
+@contextlib.contextmanager
+def merge_emptied():
+    """The merge's kernel launched on its grid but merging nothing (the outputs wrong): the kernel boundary's cost."""
+    with mock.patch.object(importlib.import_module("memcheck.kernels.work_split"), "combine_cut_units",
+                           _BoundaryLaunch()):
+        yield
+
+
 def run_case(name, c, gen, config=None):
     """config: the kernel's config beside its defaults (e.g. {"narrow": true}), stamped and not."""
     layers = cell_layers(c, GRID)
@@ -132,6 +164,8 @@ def run_case(name, c, gen, config=None):
     row["layer_off_us"] = bench_graph(build["with_config"](config) if config else build["step"]) / layers * 1e3
     with merge_skipped():
         row["no_merge_us"] = bench_graph(build["with_config"](config or {})) / layers * 1e3
+    with merge_emptied():
+        row["empty_merge_us"] = bench_graph(build["with_config"](config or {})) / layers * 1e3
     buf.zero_()
     row["layer_on_us"] = bench_graph(on) / layers * 1e3
     row.update(timeline(buf.cpu(), c))
@@ -142,7 +176,8 @@ def run_case(name, c, gen, config=None):
 COLUMNS = [  # key, heading, width, format
     ("case", "case", 15, "<"), ("floor_us", "floor", 6, ".1f"), ("layer_off_us", "layer", 7, ".1f"),
     ("layer_on_us", "stamped", 7, ".1f"),
-    ("no_merge_us", "-merge", 6, ".1f"), ("span_us", "kernel", 7, ".1f"), ("launch_max_us", "launch", 6, ".1f"),
+    ("no_merge_us", "-merge", 6, ".1f"), ("empty_merge_us", "empty", 6, ".1f"), ("span_us", "kernel", 7, ".1f"),
+    ("launch_max_us", "launch", 6, ".1f"),
     ("wait_p50_us", "wait", 5, ".1f"), ("setup_p50_us", "setup", 5, ".1f"),
     ("first_in_p50_us", "in", 4, ".1f"), ("first_tile_p50_us", "tile1", 5, ".1f"), ("first_done_us", "1st", 6, ".1f"),
     ("work_p50_us", "work", 7, ".1f"), ("us_per_tile", "/tile", 5, ".2f"), ("tail_us", "tail", 5, ".1f"),
@@ -156,7 +191,8 @@ LEGEND = ("us per layer; floor: the layer's bytes at the H200's copy rate or its
           "griddepcontrol.wait; range known; its tiles and stores); in, tile1: medians of the first tile's data "
           "arriving after the range is known, and of its products (where the kernel stamps them); 1st: the first "
           "program done; tail: the last done after the median; rest: the layer less the kernel (the merge, the "
-          "gaps); -merge: the layer with the merge not launched")
+          "gaps); -merge: the layer with the merge not launched; empty: with the merge's kernel launched on its grid, "
+          "merging nothing")
 
 
 def table(rows):

@@ -4,6 +4,8 @@ optional ones, then %smid)."""
 import sys
 from pathlib import Path
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -52,3 +54,37 @@ def test_a_kernel_without_the_first_tiles_stamps_prints_a_dash_there():
 def test_an_unwritten_buffer_is_an_error_not_a_row_of_zeros():
     with pytest.raises(ValueError, match="no program"):
         dt.timeline(torch.zeros(4, stamps.SLOTS, dtype=torch.int64), dt.CASES["mla16-b32x32K"])
+
+
+@pytest.fixture
+def interpreted_timeline(monkeypatch):
+    """decode_timeline with its stand-in kernel defined for the interpreter (triton.jit reads TRITON_INTERPRET when a
+    kernel is defined); defined again for the GPU after."""
+    pytest.importorskip("triton")
+    import importlib
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    yield importlib.reload(dt)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    importlib.reload(dt)
+
+
+def test_the_emptied_merge_launches_on_the_merges_grid_and_merges_nothing(interpreted_timeline):
+    from memcheck.kernels import mla, work_split
+    gen = torch.Generator().manual_seed(0)
+    lens = torch.tensor([40, 17, 70], dtype=torch.int32)  # 16-token tiles off the GPU: 3, 2 and 5 on 4 programs
+    table = torch.randperm(24, generator=gen, dtype=torch.int32).view(3, 8)
+    latent = torch.randn(24, 16, 576, generator=gen)
+    q, q_pe = torch.randn(3, 16, 512, generator=gen), torch.randn(3, 16, 64, generator=gen)
+    full = mla.mla_decode(q, q_pe, latent, table, lens, 0.07, num_programs=4)
+    grids = []
+    with interpreted_timeline.merge_emptied():
+        stand_in = work_split.combine_cut_units
+        real = type(stand_in).__getitem__
+        out = torch.full_like(q, 7.0)
+        with mock.patch.object(type(stand_in), "__getitem__", lambda self, grid: grids.append(grid) or real(self, grid)):
+            mla.mla_decode(q, q_pe, latent, table, lens, 0.07, num_programs=4, out=out)
+    whole = (out != 7.0).all(dim=(1, 2))
+    # 10 tiles in 3 ranges (aligned to the 3 sequences: work_split.line_ranges): the first two whole, the last cut
+    assert whole.tolist() == [True, True, False]
+    assert torch.equal(out[:2], full[:2])
+    assert len(grids) == 1 and grids[0][0] == 3  # one launch, a row of programs a sequence, as the merge's
