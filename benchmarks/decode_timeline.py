@@ -35,6 +35,7 @@ from kernel_bench import (DECODE, GRID, H200_COPY_BPS, H200_MM_FLOPS, MLA_DECODE
 import kernel_bench  # noqa: E402
 from benchmarks import timeline_report  # noqa: E402
 from memcheck.kernels import stamps  # noqa: E402
+from memcheck.kernels.dispatch import pdl_options  # noqa: E402
 
 MAX_PROGRAMS = 132 * 32  # rows of the stamps buffer: more than any grid of these kernels
 
@@ -140,8 +141,8 @@ class _BoundaryLaunch:
     """Stands in for work_split.combine_cut_units: the same grid and launch options, _boundary_only's work."""
 
     def __getitem__(self, grid):
-        def launch(*args, PDL, launch_pdl=False, num_warps=4, **constexprs):
-            _boundary_only[grid](PDL=PDL, num_warps=num_warps, **({"launch_pdl": True} if launch_pdl else {}))
+        def launch(*args, PDL, num_warps, **constexprs):
+            _boundary_only[grid](num_warps=num_warps, **pdl_options(PDL))
         return launch
 
 

@@ -3,7 +3,6 @@ program's work by multiprocessor must be the ones that made the stamps (memcheck
 optional ones, then %smid)."""
 import sys
 from pathlib import Path
-
 from unittest import mock
 
 import pytest
@@ -69,7 +68,7 @@ def interpreted_timeline(monkeypatch):
 
 
 def test_the_emptied_merge_launches_on_the_merges_grid_and_merges_nothing(interpreted_timeline):
-    from memcheck.kernels import mla, work_split
+    from memcheck.kernels import mla
     gen = torch.Generator().manual_seed(0)
     lens = torch.tensor([40, 17, 70], dtype=torch.int32)  # 16-token tiles off the GPU: 3, 2 and 5 on 4 programs
     table = torch.randperm(24, generator=gen, dtype=torch.int32).view(3, 8)
@@ -77,12 +76,12 @@ def test_the_emptied_merge_launches_on_the_merges_grid_and_merges_nothing(interp
     q, q_pe = torch.randn(3, 16, 512, generator=gen), torch.randn(3, 16, 64, generator=gen)
     full = mla.mla_decode(q, q_pe, latent, table, lens, 0.07, num_programs=4)
     grids = []
-    with interpreted_timeline.merge_emptied():
-        stand_in = work_split.combine_cut_units
-        real = type(stand_in).__getitem__
-        out = torch.full_like(q, 7.0)
-        with mock.patch.object(type(stand_in), "__getitem__", lambda self, grid: grids.append(grid) or real(self, grid)):
-            mla.mla_decode(q, q_pe, latent, table, lens, 0.07, num_programs=4, out=out)
+    stand_in = interpreted_timeline._BoundaryLaunch
+    real = stand_in.__getitem__
+    out = torch.full_like(q, 7.0)
+    with interpreted_timeline.merge_emptied(), \
+            mock.patch.object(stand_in, "__getitem__", lambda self, grid: grids.append(grid) or real(self, grid)):
+        mla.mla_decode(q, q_pe, latent, table, lens, 0.07, num_programs=4, out=out)
     whole = (out != 7.0).all(dim=(1, 2))
     # 10 tiles in 3 ranges (aligned to the 3 sequences: work_split.line_ranges): the first two whole, the last cut
     assert whole.tolist() == [True, True, False]
