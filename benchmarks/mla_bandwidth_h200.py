@@ -70,7 +70,8 @@ def dense_cell(q_heads, kv_heads, batch, context):
 def config_of(name, heads):
     if name == "triton":
         return {**mla.decode_config(heads), "hopper": False}
-    return VARIANTS[name]
+    cfg = VARIANTS[name]
+    return cfg(heads) if callable(cfg) else cfg  # the seesaw: the stack's config at this many heads
 
 
 @contextlib.contextmanager

@@ -25,7 +25,14 @@ from kernel_bench import Cell, bench_graph, bf16, rel_err  # noqa: E402
 from memcheck.kernels import mla, reference  # noqa: E402
 
 BOUND = kb.BF16_BOUND  # relative error of a bf16 output against the float32 reference
-SEESAW = {**mla.MANY_HEADS_CONFIG, "hopper": True}  # memcheck/kernels/mla_seesaw.py, the default
+
+
+def seesaw_config(heads):
+    """memcheck/kernels/mla_seesaw.py as the stack runs it at this many heads (its ranges: min_tiles), where it runs."""
+    return {**mla.decode_config(heads, hopper=True), "narrow": False}
+
+
+SEESAW = seesaw_config
 NARROW = mla.FEW_HEADS_HOPPER_CONFIG  # memcheck/kernels/mla_narrow.py as the stack runs it: the heads as N
 
 
@@ -62,6 +69,12 @@ CELLS = ["b1x1K", "b1x32K", "b1x128K", "b8x1K", "b8x4K", "b32x1K", "b32x4K", "b8
          "16h:b256x4K", "16h:b256x32K"]
 
 
+def variant_config(name, heads):
+    """A variant's config: fixed, or the stack's at this many heads."""
+    cfg = VARIANTS[name]
+    return cfg(heads) if callable(cfg) else cfg
+
+
 def poison_unused(cache, table, lengths):
     """NaN in every cache slot no sequence holds (a block's slots past its sequence's end, blocks of no sequence):
     a kernel must mask the values it reads there, not only their scores (0 x NaN reaches the output)."""
@@ -90,7 +103,7 @@ def check(heads, lengths, block_size, programs, gen, variants):
                                            if len(set(lengths)) == 1 else f"{lengths[:2]} ... {lengths[-3:]}"),
            "block_size": block_size, "programs": programs, "triton_rel_err": rel_err(run(triton_config(heads)), ref)}
     for name in variants:
-        out = run(VARIANTS[name])
+        out = run(variant_config(name, heads))
         row[f"{name}_rel_err"] = rel_err(out, ref) if not out.isnan().any() else math.inf
     row["ok"] = all(row[f"{name}_rel_err"] < BOUND for name in variants)
     return row
@@ -114,7 +127,7 @@ def time_cell(c, bandwidth, rate, gen, timed):
     triton_out = build["output_with"](triton_config(c.q_heads))
     row = {"cell": c.name, "floor_us": floor * 1e3}
     for name in timed:
-        cfg = triton_config(c.q_heads) if name == "triton" else VARIANTS[name]
+        cfg = triton_config(c.q_heads) if name == "triton" else variant_config(name, c.q_heads)
         us = bench_graph(build["with_config"](cfg), kb.replays_for(floor * layers)) / layers * 1e3
         row.update({f"{name}_us": us, f"{name}_x": us / (floor * 1e3)})
         if name != "triton":

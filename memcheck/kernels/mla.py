@@ -60,6 +60,11 @@ MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block
 # 14.3 -> 11.1 us a layer, 1 x 1K 11.8 -> 10.4; docs/kernel-decisions.md); larger layers are cut as before.
 FEW_HEADS_HOPPER_CONFIG = {**MANY_HEADS_CONFIG, "narrow": True, "min_tiles": 1}
 NARROW_MOST_HEADS = 16
+# 17 to 64 heads where the seesaw runs: one-tile ranges too, its bf16 partial (32 and 64 KiB) weighing less than the
+# 72 KiB tile it summarises (H100, L2 flushed, us a layer: 32 heads 8 x 550 16.1 -> 13.5, 1 x 1K 16.0 -> 14.4; 64
+# heads 17.5 -> 15.0 and 20.5 -> 19.9). Above 64 the partial (128 KiB at 128 heads) outweighs the tile: min_tiles 2.
+MID_HEADS_HOPPER_CONFIG = {**MANY_HEADS_CONFIG, "min_tiles": 1}
+ONE_TILE_RANGES_MOST_HEADS = 64
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator): a 4K prompt at 16 heads at 14.0x of the floor.
 PREFILL_CONFIG = {"rows": 32, "block_n": 64, "num_warps": 4, "num_stages": 2}
@@ -251,10 +256,10 @@ def mla_prefill(q_latent, q_pe, latent_cache, block_table, cu_seqlens_q, seq_len
 
 def decode_config(num_heads: int, hopper: bool = False) -> dict:
     """The tuned decode config for this many heads (per tensor-parallel rank); hopper: where the Gluon kernels run."""
+    if hopper and num_heads <= ONE_TILE_RANGES_MOST_HEADS:
+        return FEW_HEADS_HOPPER_CONFIG if num_heads <= NARROW_MOST_HEADS else MID_HEADS_HOPPER_CONFIG
     if num_heads > 32:
         return MANY_HEADS_CONFIG
-    if hopper:
-        return FEW_HEADS_HOPPER_CONFIG if num_heads <= NARROW_MOST_HEADS else MANY_HEADS_CONFIG
     return DEFAULT_CONFIG if num_heads <= 16 else MID_HEADS_CONFIG
 
 

@@ -43,6 +43,10 @@ COMBINE_DIM_LEAST = 8
 # Up to this many partials a step, each its own [rows, columns] tile, unrolled (few registers); above it, one
 # [J, rows, columns] tile over the threads, which one long sequence's hundreds of partials need.
 COMBINE_UNROLL_J = 16
+# Where the step is such a tile, a sequence of fewer partials than this is merged in one unrolled step of this many
+# slots instead (0: never): sized at launch for the most partials a sequence could have, the merge of a small layer's
+# few paid for hundreds of masked ones.
+COMBINE_FEW_J = 16
 # A range that straddles two sequences runs a second segment and leaves a partial in each. Where the sequences are of
 # one length and fewer than the programs, R a multiple of them puts a boundary between every two: taken where the
 # programs it leaves idle, (most - R) x T tiles, come to at most ALIGN_TILES tiles a range, i.e.
@@ -133,13 +137,52 @@ def _partial_lse(part_lse_ptr, j, j_first, j_last, first_slot, unit, rows, row_m
                    mask=(j <= j_last) & row_mask, other=float("-inf"))
 
 
+@triton.jit
+def _merge_start(ROWS: tl.constexpr, COLUMNS: tl.constexpr):
+    """A merge's running max, weight and output before any partial."""
+    return (tl.full([ROWS], float("-inf"), tl.float32), tl.zeros([ROWS], tl.float32),
+            tl.zeros([ROWS, COLUMNS], tl.float32))
+
+
+@triton.jit
+def _store_merged(o_ptrs, acc, w, row_mask, mask):
+    w = tl.where(row_mask, w, 1.0)
+    tl.store(o_ptrs, (acc / w[:, None]).to(o_ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _merge_unrolled(part_out_ptr, part_lse_ptr, m, w, acc, j0, j_first, j_last, first_slot, unit, rows, row_mask, dims,
+                    mask, UNITS: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, J: tl.constexpr):
+    """Programs j0..j0+J-1's partials (those up to j_last) into the running (max, weight, output), each its own [rows,
+    columns] tile, the sum over them in each thread: as one [J, rows, columns] tile Triton reduced it across warps
+    through shared memory, at 193 registers a thread for 4 x 16 x 64 (2 programs a multiprocessor)."""
+    m_new = m
+    for jj in tl.static_range(J):
+        m_new = tl.maximum(m_new, _partial_lse(part_lse_ptr, j0 + jj, j_first, j_last, first_slot, unit, rows,
+                                               row_mask, UNITS, ROWS))
+    m_new = tl.where(row_mask, m_new, 0.0)  # padding rows: no -inf - -inf
+    alpha = tl.exp2(m - m_new)
+    acc = acc * alpha[:, None]
+    w = w * alpha
+    for jj in tl.static_range(J):
+        j = j0 + jj
+        p = tl.exp2(_partial_lse(part_lse_ptr, j, j_first, j_last, first_slot, unit, rows, row_mask, UNITS, ROWS)
+                    - m_new)
+        at = _partial_at(j, j_first, first_slot, unit, rows, UNITS, ROWS)
+        o = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :], mask=(j <= j_last) & mask, other=0.0)
+        acc += o * p[:, None]
+        w += p
+    return m_new, w, acc
+
+
 @triton.jit(do_not_specialize=RUN_TIME_INTS[:2])
 def combine_cut_units(
     part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_seqs, num_programs,
     stride_o_seq, stride_o_head,
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
-    J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, MIN_TILES: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr,
+    J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, FEW_J: tl.constexpr, MIN_TILES: tl.constexpr, ALIGN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
     unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
@@ -168,32 +211,26 @@ def combine_cut_units(
         if j_first != j_last:
             # the first program holds it in slot 1 where its range began before the sequence, else in slot 0
             first_slot = (program_start(j_first, ranges, total) < seq_end - n).to(tl.int32)
-            m = tl.full([ROW_BLOCK], float("-inf"), tl.float32)
-            w = tl.zeros([ROW_BLOCK], tl.float32)
-            acc = tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32)
-            for j0 in range(j_first, j_last + 1, J_BLOCK):
-                if UNROLL:
-                    # the step's partials one [rows, columns] tile each, the sum over them in each thread: as one [J,
-                    # rows, columns] tile Triton reduced it across warps through shared memory, at 193 registers a
-                    # thread for 4 x 16 x 64 (2 programs a multiprocessor)
-                    m_new = m
-                    for jj in tl.static_range(J_BLOCK):
-                        m_new = tl.maximum(m_new, _partial_lse(part_lse_ptr, j0 + jj, j_first, j_last, first_slot,
-                                                               unit, rows, row_mask, UNITS, ROWS))
-                    m_new = tl.where(row_mask, m_new, 0.0)  # padding rows: no -inf - -inf
-                    alpha = tl.exp2(m - m_new)
-                    acc = acc * alpha[:, None]
-                    w = w * alpha
-                    for jj in tl.static_range(J_BLOCK):
-                        j = j0 + jj
-                        p = tl.exp2(_partial_lse(part_lse_ptr, j, j_first, j_last, first_slot, unit, rows, row_mask,
-                                                 UNITS, ROWS) - m_new)
-                        at = _partial_at(j, j_first, first_slot, unit, rows, UNITS, ROWS)
-                        o = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + dims[None, :],
-                                    mask=(j <= j_last) & mask, other=0.0)
-                        acc += o * p[:, None]
-                        w += p
-                else:
+            # each way its own running (max, weight, output) and store: values that meet after an `if` share one
+            # layout, and the tiles' reduced layout forced on the unrolled path's loads cost 168 registers, not 80
+            if UNROLL:
+                m, w, acc = _merge_start(ROW_BLOCK, DIM_BLOCK)
+                for j0 in range(j_first, j_last + 1, J_BLOCK):
+                    m, w, acc = _merge_unrolled(part_out_ptr, part_lse_ptr, m, w, acc, j0, j_first, j_last,
+                                                first_slot, unit, rows, row_mask, dims, mask, UNITS, ROWS, HEAD_DIM,
+                                                J_BLOCK)
+                _store_merged(o_ptrs, acc, w, row_mask, mask)
+            elif j_last - j_first < FEW_J:
+                # sized for a sequence of hundreds of partials, this one has few (a small layer: the host cannot see
+                # the lengths): one unrolled step, not a [J_BLOCK, rows, columns] tile of masked slots reduced across
+                # warps (64 heads x 1K tokens, 16 partials: 2048 programs each reducing 256 slots)
+                m, w, acc = _merge_start(ROW_BLOCK, DIM_BLOCK)
+                m, w, acc = _merge_unrolled(part_out_ptr, part_lse_ptr, m, w, acc, j_first, j_first, j_last,
+                                            first_slot, unit, rows, row_mask, dims, mask, UNITS, ROWS, HEAD_DIM, FEW_J)
+                _store_merged(o_ptrs, acc, w, row_mask, mask)
+            else:
+                m, w, acc = _merge_start(ROW_BLOCK, DIM_BLOCK)
+                for j0 in range(j_first, j_last + 1, J_BLOCK):
                     # many partials a step (few sequences cut into many ranges): spread over the threads
                     js = j0 + tl.arange(0, J_BLOCK)
                     at = _partial_at(js[:, None], j_first, first_slot, unit, rows[None, :], UNITS, ROWS)  # [J, rows]
@@ -206,9 +243,8 @@ def combine_cut_units(
                     p = tl.exp2(lse - m_new[None, :])  # [J, rows]
                     acc = acc * alpha[:, None] + tl.sum(o * p[:, :, None], 0)
                     w = w * alpha + tl.sum(p, 0)
-                m = m_new
-            w = tl.where(row_mask, w, 1.0)
-            tl.store(o_ptrs, (acc / w[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+                    m = m_new
+                _store_merged(o_ptrs, acc, w, row_mask, mask)
 
 
 def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
@@ -256,6 +292,7 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
         HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
-        UNROLL=j_block <= COMBINE_UNROLL_J, MIN_TILES=min_tiles, ALIGN=align, **pdl_options(launches_early(out.device)),
+        UNROLL=j_block <= COMBINE_UNROLL_J, FEW_J=COMBINE_FEW_J, MIN_TILES=min_tiles, ALIGN=align,
+        **pdl_options(launches_early(out.device)),
         num_warps=4,
     )

@@ -64,18 +64,22 @@ def test_any_split_of_the_work_gives_the_same_answer(num_programs, min_tiles):
     assert torch.equal(out[1], torch.zeros_like(out[1]))  # nothing cached: zeros, not NaN
 
 
-@pytest.mark.parametrize("unroll_j", [0, 64], ids=["partials-as-one-tile", "partials-unrolled"])
+@pytest.mark.parametrize("unroll_j, few_j", [(0, 0), (0, 32), (64, 0)],
+                         ids=["partials-as-one-tile", "few-partials-unrolled-at-run-time", "partials-unrolled"])
 @pytest.mark.parametrize("per_sm", [0, 1, 10**6], ids=["all-rows", "rows-halved", "least-blocks"])
 @pytest.mark.parametrize("ratio", [4, 7])
-def test_one_long_sequence_merged_from_more_partials_than_a_combine_step_takes(monkeypatch, ratio, per_sm, unroll_j):
+def test_one_long_sequence_merged_from_more_partials_than_a_combine_step_takes(monkeypatch, ratio, per_sm, unroll_j,
+                                                                               few_j):
     """One sequence cut over 20 programs per KV head: the combine merges them in several steps of J partials, and
     an idle program past the line's tiles changes nothing. The combine's grains: every row of a unit in one program
     (many sequences), the rows halved until the CPU's 4 multiprocessors have a program each, and blocks of two rows
-    and the least columns (7 rows leave the last block half empty); a step's partials as one tile or unrolled."""
+    and the least columns (7 rows leave the last block half empty); a step's partials as one tile or unrolled, or, in
+    a launch sized for one tile a step, the sequence's 20 partials found fewer than 32 and unrolled in one step."""
     from memcheck.kernels import work_split
 
     monkeypatch.setattr(work_split, "COMBINE_PROGRAMS_PER_SM", per_sm)
     monkeypatch.setattr(work_split, "COMBINE_UNROLL_J", unroll_j)
+    monkeypatch.setattr(work_split, "COMBINE_FEW_J", few_j)
     monkeypatch.setattr(work_split, "COMBINE_J_SPLIT", 8)  # the GPU's 64 would take 20 partials in one step
     q_heads, kv_heads = RATIOS[ratio]
     case = make_case(3, 8, q_heads, kv_heads, lengths=[16 * 20 + 3])  # 21 tiles of 16 keys on the CPU
