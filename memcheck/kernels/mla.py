@@ -61,8 +61,9 @@ MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block
 FEW_HEADS_HOPPER_CONFIG = {**MANY_HEADS_CONFIG, "narrow": True, "min_tiles": 1}
 NARROW_MOST_HEADS = 16
 # 17 to 64 heads where the seesaw runs: one-tile ranges too, its bf16 partial (32 and 64 KiB) weighing less than the
-# 72 KiB tile it summarises (H100, L2 flushed, us a layer: 32 heads 8 x 550 16.1 -> 13.5, 1 x 1K 16.0 -> 14.4; 64
-# heads 17.5 -> 15.0 and 20.5 -> 19.9). Above 64 the partial (128 KiB at 128 heads) outweighs the tile: min_tiles 2.
+# 72 KiB tile it summarises (H100, L2 flushed, us a layer, with work_split.COMBINE_FEW_J: 32 heads 8 x 550 15.8 ->
+# 13.6; 64 heads 8 x 550 17.1 -> 15.3, 1 x 1K 20.7 -> 17.8; docs/kernel-decisions.md). Above 64 the partial (128 KiB
+# at 128 heads) outweighs the tile: min_tiles 2.
 MID_HEADS_HOPPER_CONFIG = {**MANY_HEADS_CONFIG, "min_tiles": 1}
 ONE_TILE_RANGES_MOST_HEADS = 64
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
