@@ -63,6 +63,10 @@ CHECKS = [
     (128, [1024] * 32, 16, None),
     (16, [1024] * 32, 16, None),
     (128, [1024] * 29 + [3000, 100, 0], 16, None),
+    # one short sequence in one-tile ranges: its 16 partials merged by the combine's few-partials step, in a grid
+    # sized for a sequence of 132
+    (64, [1000], 64, None),
+    (16, [1000], 16, None),
 ]
 CELLS = ["b1x1K", "b1x32K", "b1x128K", "b8x1K", "b8x4K", "b32x1K", "b32x4K", "b8x32K", "b128x4K", "b256x4K",
          "b256x32K", "16h:b1x32K", "16h:b1x64K", "16h:b1x128K", "16h:b8x4K", "16h:b8x32K", "16h:b32x4K", "16h:b32x32K",

@@ -45,7 +45,9 @@ COMBINE_DIM_LEAST = 8
 COMBINE_UNROLL_J = 16
 # Where the step is such a tile, a sequence of fewer partials than this is merged in one unrolled step of this many
 # slots instead (0: never): sized at launch for the most partials a sequence could have, the merge of a small layer's
-# few paid for hundreds of masked ones.
+# few paid for hundreds of masked ones. That step takes the larger blocks that fill the GPU (one program a block, the
+# rest of the grid ends at once): 64 heads x 1K, 16 partials, left 2048 programs of [2, 8] in three waves of 7 a
+# multiprocessor (72 registers), the merge 7 us of an 18 us layer.
 COMBINE_FEW_J = 16
 # A range that straddles two sequences runs a second segment and leaves a partial in each. Where the sequences are of
 # one length and fewer than the programs, R a multiple of them puts a boundary between every two: taken where the
@@ -175,14 +177,30 @@ def _merge_unrolled(part_out_ptr, part_lse_ptr, m, w, acc, j0, j_first, j_last, 
     return m_new, w, acc
 
 
+@triton.jit
+def _merge_few(part_out_ptr, part_lse_ptr, seq_out_ptr, stride_o_head, unit, row0, dim0, j_first, j_last, first_slot,
+               NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+               FEW_ROWS: tl.constexpr, FEW_DIMS: tl.constexpr, FEW_J: tl.constexpr):
+    """A sequence's few partials (up to FEW_J), rows row0.. and columns dim0.. of the unit, in one unrolled step."""
+    rows = row0 + tl.arange(0, FEW_ROWS)
+    heads = unit * ROWS + rows
+    row_mask = (rows < ROWS) & (heads < NUM_HEADS)
+    dims = dim0 + tl.arange(0, FEW_DIMS)
+    mask = row_mask[:, None] & (dims < HEAD_DIM)[None, :]
+    m, w, acc = _merge_start(FEW_ROWS, FEW_DIMS)
+    m, w, acc = _merge_unrolled(part_out_ptr, part_lse_ptr, m, w, acc, j_first, j_first, j_last, first_slot, unit,
+                                rows, row_mask, dims, mask, UNITS, ROWS, HEAD_DIM, FEW_J)
+    _store_merged(seq_out_ptr + heads[:, None] * stride_o_head + dims[None, :], acc, w, row_mask, mask)
+
+
 @triton.jit(do_not_specialize=RUN_TIME_INTS[:2])
 def combine_cut_units(
     part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_seqs, num_programs,
     stride_o_seq, stride_o_head,
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
-    J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, FEW_J: tl.constexpr, MIN_TILES: tl.constexpr, ALIGN: tl.constexpr,
-    PDL: tl.constexpr,
+    J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, FEW_J: tl.constexpr, FEW_ROWS: tl.constexpr, FEW_DIMS: tl.constexpr,
+    MIN_TILES: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
     unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
@@ -194,9 +212,19 @@ def combine_cut_units(
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
     ranges = line_ranges(num_programs, UNITS, total, MIN_TILES, tiles, ALIGN)
     n = tl.sum(tl.where(seqs == seq, tiles, 0), 0)
+    seq_end = tl.sum(tl.where(seqs == seq, ends, 0), 0)
+    j_first = program_of(seq_end - n, ranges, total)
+    j_last = program_of(seq_end - 1, ranges, total)
+    # a sequence of few partials in a grid sized for hundreds (FEW_J 0: none): one program of each FEW_ROWS x
+    # FEW_DIMS block merges it; the others end here, before the wait, their slots free for it
+    few = (n > 0) & (j_first != j_last) & (j_last - j_first < FEW_J)
+    row_block = tl.program_id(1) % row_blocks
+    leads = (row_block % (FEW_ROWS // ROW_BLOCK) == 0) & (tl.program_id(2) % (FEW_DIMS // DIM_BLOCK) == 0)
+    if few & ~leads:
+        return
     if PDL:  # launched early (dispatch.launches_early): the attention kernel's partials and outputs are complete past this
         gdc_wait()
-    rows = tl.program_id(1) % row_blocks * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
+    rows = row_block * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
     heads = unit * ROWS + rows
     row_mask = (rows < ROWS) & (heads < NUM_HEADS)
     dims = tl.program_id(2) * DIM_BLOCK + tl.arange(0, DIM_BLOCK)
@@ -204,10 +232,12 @@ def combine_cut_units(
     o_ptrs = out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :]
     if n == 0:
         tl.store(o_ptrs, tl.zeros([ROW_BLOCK, DIM_BLOCK], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
+    elif few:
+        first_slot = (program_start(j_first, ranges, total) < seq_end - n).to(tl.int32)
+        _merge_few(part_out_ptr, part_lse_ptr, out_ptr + seq * stride_o_seq, stride_o_head, unit, row_block * ROW_BLOCK,
+                   tl.program_id(2) * DIM_BLOCK, j_first, j_last, first_slot, NUM_HEADS, UNITS, ROWS, HEAD_DIM,
+                   FEW_ROWS, FEW_DIMS, FEW_J)
     else:
-        seq_end = tl.sum(tl.where(seqs == seq, ends, 0), 0)
-        j_first = program_of(seq_end - n, ranges, total)
-        j_last = program_of(seq_end - 1, ranges, total)
         if j_first != j_last:
             # the first program holds it in slot 1 where its range began before the sequence, else in slot 0
             first_slot = (program_start(j_first, ranges, total) < seq_end - n).to(tl.int32)
@@ -219,14 +249,6 @@ def combine_cut_units(
                     m, w, acc = _merge_unrolled(part_out_ptr, part_lse_ptr, m, w, acc, j0, j_first, j_last,
                                                 first_slot, unit, rows, row_mask, dims, mask, UNITS, ROWS, HEAD_DIM,
                                                 J_BLOCK)
-                _store_merged(o_ptrs, acc, w, row_mask, mask)
-            elif j_last - j_first < FEW_J:
-                # sized for a sequence of hundreds of partials, this one has few (a small layer: the host cannot see
-                # the lengths): one unrolled step, not a [J_BLOCK, rows, columns] tile of masked slots reduced across
-                # warps (64 heads x 1K tokens, 16 partials: 2048 programs each reducing 256 slots)
-                m, w, acc = _merge_start(ROW_BLOCK, DIM_BLOCK)
-                m, w, acc = _merge_unrolled(part_out_ptr, part_lse_ptr, m, w, acc, j_first, j_first, j_last,
-                                            first_slot, unit, rows, row_mask, dims, mask, UNITS, ROWS, HEAD_DIM, FEW_J)
                 _store_merged(o_ptrs, acc, w, row_mask, mask)
             else:
                 m, w, acc = _merge_start(ROW_BLOCK, DIM_BLOCK)
@@ -272,6 +294,7 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
             dim_block //= 2
         else:
             break
+    few_rows, few_dims = row_block, dim_block  # a sequence of few partials: the blocks that fill the GPU, unrolled
     # partials a step: about as many as a sequence has, were the lengths equal (its share of the unit's ranges, + 1
     # for the cuts), so few are masked; a power of two from 2 to J_SPLIT, 8 variants to compile at most
     wanted = min(max(2, next_pow2(num_programs // (units * seqs) + 1)), COMBINE_J_SPLIT)
@@ -288,11 +311,18 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
             and min(wanted, COMBINE_MAX_TILE // (row_block * 2 * dim_block)) >= wanted // 2):
         dim_block *= 2
     j_block = j_block()
+    unroll = j_block <= COMBINE_UNROLL_J
+    few_rows, few_dims = max(few_rows, row_block), max(few_dims, dim_block)
+    while few_rows * few_dims * COMBINE_FEW_J > COMBINE_MAX_TILE and few_dims > dim_block:
+        few_dims //= 2
+    while few_rows * few_dims * COMBINE_FEW_J > COMBINE_MAX_TILE and few_rows > row_block:
+        few_rows //= 2
     combine_cut_units[(num_seqs, units * triton.cdiv(rows, row_block), triton.cdiv(head_dim, dim_block))](
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
         HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
-        UNROLL=j_block <= COMBINE_UNROLL_J, FEW_J=COMBINE_FEW_J, MIN_TILES=min_tiles, ALIGN=align,
+        UNROLL=unroll, FEW_J=0 if unroll else COMBINE_FEW_J, FEW_ROWS=few_rows, FEW_DIMS=few_dims,
+        MIN_TILES=min_tiles, ALIGN=align,
         **pdl_options(launches_early(out.device)),
         num_warps=4,
     )

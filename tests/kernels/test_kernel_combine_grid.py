@@ -60,6 +60,21 @@ def test_few_sequences_split_rows_then_columns_until_a_program_a_multiprocessor(
     assert (rows, dims) == (2, 64) and programs == 256
 
 
+def test_a_sequence_of_few_partials_is_merged_in_the_blocks_that_fill_the_gpu(monkeypatch):
+    # one 64-head sequence, bf16 partials: the grid is sized for 132 partials (2048 programs of [2 rows, 8 columns],
+    # one [256, 2, 8] tile a step); found to hold fewer than 16 at run time, it is merged by one program in 8 of them,
+    # [2, 64] each: 256, one wave (2048 took three at the 7 a multiprocessor that 72 registers leave)
+    programs, (j, rows, dims) = combine(monkeypatch, seqs=1, units=1, rows=64, head_dim=512, programs=132,
+                                        partials=torch.bfloat16)
+    c = work_split.combine_cut_units.consts
+    assert (programs, j, rows, dims) == (2048, 256, 2, 8) and c["FEW_J"] == work_split.COMBINE_FEW_J
+    assert (c["FEW_ROWS"], c["FEW_DIMS"]) == (2, 64)
+    assert c["FEW_ROWS"] * c["FEW_DIMS"] * c["FEW_J"] <= work_split.COMBINE_MAX_TILE
+    # steps already unrolled (8 sequences: 4 partials a step) take no such path
+    assert combine(monkeypatch, seqs=8, units=1, rows=64, head_dim=512, programs=132)[1][0] <= 16
+    assert work_split.combine_cut_units.consts["FEW_J"] == 0
+
+
 def test_bf16_partials_of_many_sequences_take_twice_the_columns_a_program(monkeypatch):
     # 128 MLA heads x 32 and x 256 sequences of 1K, bf16 partials: 128 columns, half the programs (the H200 measured
     # 33.2 -> 32.0 and 185.3 -> 174.8 us a layer); a step still holds a sequence's 2 partials

@@ -1,0 +1,40 @@
+"""decode's combine (work_split.merge_partials) under the interpreter, on partials written by hand for one sequence cut
+into one-tile ranges, against torch's merge of the same partials; the grid sized as on the H200's 132
+multiprocessors, where the launch takes one [J, rows, columns] tile a step and a sequence of few partials is merged by
+one program of each larger block (the rest of the grid ends at once)."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernel_helpers import assert_close  # noqa: E402
+from memcheck.kernels import work_split  # noqa: E402
+
+H200_SMS, BLOCK_N = 132, 64
+
+
+def merged(part_out, part_lse):
+    """The merge of [partials, rows, columns] outputs by their base-2 log-sum-exps [partials, rows]."""
+    weights = torch.softmax(part_lse * torch.log(torch.tensor(2.0)), 0)
+    return (weights[:, :, None] * part_out).sum(0)
+
+
+@pytest.mark.parametrize("few_j", [16, 0], ids=["few-partials-unrolled", "partials-as-one-tile"])
+@pytest.mark.parametrize("tiles", [16, 17], ids=["16-partials", "17-partials"])
+def test_one_sequence_cut_into_one_tile_ranges_is_merged_from_its_partials(monkeypatch, tiles, few_j):
+    monkeypatch.setattr(work_split, "sm_count", lambda device: H200_SMS)
+    monkeypatch.setattr(work_split, "COMBINE_FEW_J", few_j)
+    programs, rows, heads, head_dim = H200_SMS, 16, 12, 128  # the last 4 rows of the unit are padding
+    gen = torch.Generator().manual_seed(tiles)
+    held_out = torch.randn(tiles, heads, head_dim, generator=gen)
+    held_lse = 4 * torch.randn(tiles, heads, generator=gen)
+    # program j's partial of the sequence: slot 0 (its range starts inside it), the unit's rows; NaN wherever no
+    # partial was written, which a merge that read it would carry to the output
+    part_out = torch.full((programs, 2, rows, head_dim), float("nan"))
+    part_lse = torch.full((programs, 2, rows), float("nan"))
+    part_out[:tiles, 0, :heads], part_lse[:tiles, 0, :heads] = held_out, held_lse
+    out = torch.full((1, heads, head_dim), float("nan"))
+    seq_lens = torch.tensor([tiles * BLOCK_N - 5], dtype=torch.int32)
+    work_split.merge_partials(part_out.flatten(), part_lse.flatten(), seq_lens, out, programs, num_heads=heads,
+                              units=1, rows=rows, head_dim=head_dim, block_n=BLOCK_N, min_tiles=1)
+    assert_close(out[0], merged(held_out, held_lse))
