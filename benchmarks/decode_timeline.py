@@ -65,6 +65,10 @@ CASES = {  # the grid's worst small cells and a large one of each kernel for the
     # the seesaw's small layers at 32 heads (V2/V3 over 4 ranks) and 64, where a partial (32 and 64 KiB in bf16) weighs
     # less than the 72 KiB tile it summarises: whether one-tile ranges pay there too
     "mla32-b1x1K": mla_cell(32, 1, 1024), "mla32-b8x550": mla_cell(32, 8, 550), "mla64-b8x550": mla_cell(64, 8, 550),
+    # lines of 64 to 192 tiles, about half the programs to half again more: where one-tile ranges stop paying (their
+    # partials' traffic against one chain less a program)
+    "mla64-b4x1K": mla_cell(64, 4, 1024), "mla64-b8x750": mla_cell(64, 8, 750), "mla64-b8x1K": mla_cell(64, 8, 1024),
+    "mla64-b8x1500": mla_cell(64, 8, 1500), "mla32-b8x1K": mla_cell(32, 8, 1024), "mla32-b8x1500": mla_cell(32, 8, 1500),
 }
 KERNEL_MODULES = ("decode", "mla", "mla_narrow", "mla_seesaw")  # each launches work_split.merge_partials
 
