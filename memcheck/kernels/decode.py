@@ -102,7 +102,7 @@ def _decode(
     kv_head = pid % NUM_KV_HEADS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
     first, last = program_range(pid // NUM_KV_HEADS,
-                                line_ranges(num_programs, NUM_KV_HEADS, total, MIN_TILES, tiles, False), total)
+                                line_ranges(num_programs, NUM_KV_HEADS, total, MIN_TILES, tiles, False, 0), total)
     rows = tl.arange(0, GROUP_PAD)
     row_mask = rows < GROUP
     dims = tl.arange(0, HEAD_DIM_PAD)

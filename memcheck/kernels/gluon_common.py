@@ -23,7 +23,7 @@ def _range_start(j, ranges, total):
 
 @gluon.jit
 def program_range(seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS: gl.constexpr, MIN_TILES: gl.constexpr,
-                   TILE: gl.constexpr, SEQS_PAD: gl.constexpr, line: gl.constexpr):
+                  SHORT_LINE: gl.constexpr, TILE: gl.constexpr, SEQS_PAD: gl.constexpr, line: gl.constexpr):
     """This program's head block and its range [first, last) of the tile line (every sequence's tiles end to end),
     with the line per sequence: index, length, tiles, and where its tiles end."""
     pid = gl.program_id(0)
@@ -32,7 +32,9 @@ def program_range(seq_lens_ptr, num_seqs, num_programs, NUM_HEAD_BLOCKS: gl.cons
     tiles = (lens + TILE - 1) // TILE
     ends = gl.associative_scan(tiles, 0, _add)
     total = gl.sum(tiles, 0)
-    most = gl.maximum(1, gl.minimum(num_programs // NUM_HEAD_BLOCKS, total // MIN_TILES))  # line_ranges, ALIGN
+    per_unit = num_programs // NUM_HEAD_BLOCKS  # work_split.line_ranges, ALIGN
+    least = gl.where(total * 100 <= per_unit * SHORT_LINE, 1, MIN_TILES)
+    most = gl.maximum(1, gl.minimum(per_unit, total // least))
     busy = gl.maximum(1, gl.sum((tiles > 0).to(gl.int32), 0))
     aligned = most // busy * busy
     ranges = gl.where((aligned > 0) & ((most - aligned) * total <= ALIGN_TILES * most * most), aligned, most)

@@ -60,11 +60,12 @@ MANY_HEADS_CONFIG = {"block_n": 64, "num_warps": 8, "num_stages": 2, "head_block
 # 14.3 -> 11.1 us a layer, 1 x 1K 11.8 -> 10.4; docs/kernel-decisions.md); larger layers are cut as before.
 FEW_HEADS_HOPPER_CONFIG = {**MANY_HEADS_CONFIG, "narrow": True, "min_tiles": 1}
 NARROW_MOST_HEADS = 16
-# 17 to 64 heads where the seesaw runs: one-tile ranges too, its bf16 partial (32 and 64 KiB) weighing less than the
-# 72 KiB tile it summarises (H100, L2 flushed, us a layer, with work_split.COMBINE_FEW_J: 32 heads 8 x 550 15.8 ->
-# 13.6; 64 heads 8 x 550 17.1 -> 15.3, 1 x 1K 20.7 -> 17.8; docs/kernel-decisions.md). Above 64 the partial (128 KiB
-# at 128 heads) outweighs the tile: min_tiles 2.
-MID_HEADS_HOPPER_CONFIG = {**MANY_HEADS_CONFIG, "min_tiles": 1}
+# 17 to 64 heads where the seesaw runs: one-tile ranges on a line of at most 3/4 of the programs ("short_line", a
+# percent), two-tile ranges beyond. Its bf16 partial (32 and 64 KiB) is about the 72 KiB tile it summarises: on a short
+# line a chain less a program pays, on a longer one the partials' traffic costs more (H100, L2 flushed, us a layer, 64
+# heads, min_tiles 1 / 2: 16 tiles 13.3 / 14.0, 64 14.6 / 15.1, 72 15.1 / 17.1, 96 16.2 / 16.0, 128 18.2 / 17.0, 192
+# 20.6 / 19.4; 32 heads, 128 tiles 15.3 / 15.5, 192 18.1 / 17.5). Above 64 heads (128 KiB at 128): min_tiles 2.
+MID_HEADS_HOPPER_CONFIG = {**MANY_HEADS_CONFIG, "min_tiles": 2, "short_line": 75}
 ONE_TILE_RANGES_MOST_HEADS = 64
 # Prefill: rows = new tokens x heads per program (32: two tokens of a 16-head block, a [32, 512] float32
 # accumulator): a 4K prompt at 16 heads at 14.0x of the floor.
@@ -152,7 +153,7 @@ def _mla_decode(
     pid = tl.program_id(0)
     head_block = pid % NUM_HEAD_BLOCKS
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-    ranges = line_ranges(num_programs, NUM_HEAD_BLOCKS, total, MIN_TILES, tiles, True)
+    ranges = line_ranges(num_programs, NUM_HEAD_BLOCKS, total, MIN_TILES, tiles, True, 0)
     first, last = program_range(pid // NUM_HEAD_BLOCKS, ranges, total)
     rows = tl.arange(0, HEAD_BLOCK)
     rank_dims = tl.arange(0, RANK_PAD)
@@ -276,9 +277,9 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
                num_programs=None):
     """MLA decode: Triton's _mla_decode, or the Gluon seesaw (memcheck/kernels/mla_seesaw.py) on Hopper. out: a buffer
     to write (tests poison it); config (block_n, num_warps, num_stages, head_block, maxnreg, min_tiles, split_tail,
-    hopper: the seesaw where it runs; narrow: mla_narrow.py where it runs, 32 heads or fewer; trigger: narrow's PDL
-    trigger after each program's last tile request) and num_programs override the tuned defaults (decode_config) and
-    the grid."""
+    hopper: the seesaw where it runs; short_line: the seesaw's one-tile ranges on a line of at most this percent of
+    the programs; narrow: mla_narrow.py where it runs, 32 heads or fewer; trigger: narrow's PDL trigger after each
+    program's last tile request) and num_programs override the tuned defaults (decode_config) and the grid."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[-1]
     _, block_size, width = latent_cache.shape
@@ -296,8 +297,8 @@ def mla_decode(q_latent, q_pe, latent_cache, block_table, seq_lens, scale, *, ou
                                             stamps=stamps.buffer(cfg), trigger=cfg.get("trigger", False))
     if _hopper_takes(cfg, q_latent, q_pe, latent_cache, num_heads):
         return mla_seesaw.mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, scale * LOG2E,
-                                            out, min_tiles=cfg["min_tiles"], num_programs=num_programs,
-                                            stamps=stamps.buffer(cfg))
+                                            out, min_tiles=cfg["min_tiles"], short_line=cfg.get("short_line", 0),
+                                            num_programs=num_programs, stamps=stamps.buffer(cfg))
     if stamps.buffer(cfg) is not None:
         raise ValueError("config stamps: only the Gluon decode kernels (sm_90, hopper) write time stamps, not "
                          "_mla_decode")

@@ -161,7 +161,8 @@ def _seesaw_partition(
     stride_ql_seq, stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
     stride_o_seq, stride_o_head,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
-    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, SHORT_LINE: gl.constexpr,
+    STAMPS: gl.constexpr,
     descs, TMA: gl.constexpr, PDL: gl.constexpr,
 ):
     HEADS: gl.constexpr = 64
@@ -185,7 +186,8 @@ def _seesaw_partition(
         stamp_gluon(stamps_ptr, gl.program_id(0), 1)
 
     head_block, first, last, seqs, lens, tiles, ends = program_range(seq_lens_ptr, num_seqs, num_programs,
-                                                                      NUM_HEAD_BLOCKS, MIN_TILES, 64, SEQS_PAD, line)
+                                                                      NUM_HEAD_BLOCKS, MIN_TILES, SHORT_LINE, 64,
+                                                                      SEQS_PAD, line)
     if STAMP:
         stamp_gluon(stamps_ptr, gl.program_id(0), 2)
     q_heads = head_block * HEADS + gl.arange(0, HEADS, gl.SliceLayout(1, ld))
@@ -332,7 +334,8 @@ def _mla_decode_seesaw(
     stride_o_seq, stride_o_head,
     lat_desc, pe_desc,
     NUM_HEAD_BLOCKS: gl.constexpr, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
-    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, STAMPS: gl.constexpr,
+    BLOCK_SIZE: gl.constexpr, SEQS_PAD: gl.constexpr, MIN_TILES: gl.constexpr, SHORT_LINE: gl.constexpr,
+    STAMPS: gl.constexpr,
     TMA: gl.constexpr, PDL: gl.constexpr,
 ):
     smem_layout: gl.constexpr = SMEM_LAYOUT  # the TMA descriptors' too
@@ -363,17 +366,17 @@ def _mla_decode_seesaw(
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, PDL)),
+                             MIN_TILES, SHORT_LINE, STAMPS, (lat_desc, pe_desc), TMA, PDL)),
         (_seesaw_partition, (1, smem, bars, q_latent_ptr, q_pe_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, stamps_ptr, qk_scale, num_seqs, num_programs, stride_ql_seq,
                              stride_ql_head, stride_qp_seq, stride_qp_head, stride_c_block, stride_c_tok, stride_bt_seq,
                              stride_o_seq, stride_o_head, NUM_HEAD_BLOCKS, NUM_HEADS, RANK, ROPE, BLOCK_SIZE, SEQS_PAD,
-                             MIN_TILES, STAMPS, (lat_desc, pe_desc), TMA, PDL)),
+                             MIN_TILES, SHORT_LINE, STAMPS, (lat_desc, pe_desc), TMA, PDL)),
     ], [PART_WARPS_C], [WORKER_REGS_C])
 
 
 def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_scale, out, *, min_tiles,
-                      num_programs=None, stamps=None):
+                      short_line=0, num_programs=None, stamps=None):
     """Decode over one wave (one program a multiprocessor: ~216 KiB of shared memory each), then the partials merged
     (work_split.merge_partials), both launched with programmatic dependent launch where dispatch.launches_early says
     so. The cache's tiles are copied by TMA where its blocks allow (tma_loads_fit), else by cp.async. qk_scale: the
@@ -397,10 +400,12 @@ def mla_decode_seesaw(q_latent, q_pe, latent_cache, block_table, seq_lens, qk_sc
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0), out.stride(0), out.stride(1),
         lat_desc, pe_desc,
         NUM_HEAD_BLOCKS=units, NUM_HEADS=num_heads, RANK=rank, ROPE=q_pe.shape[-1], BLOCK_SIZE=latent_cache.shape[1],
-        SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, STAMPS=stamps is not None, TMA=tma_loads, num_warps=PART_WARPS,
+        SEQS_PAD=seqs_pad, MIN_TILES=min_tiles, SHORT_LINE=short_line, STAMPS=stamps is not None, TMA=tma_loads,
+        num_warps=PART_WARPS,
         **pdl_options(launches_early(q_latent.device)))
     merge_partials(part_out, part_lse, seq_lens, out, num_programs, num_heads=num_heads, units=units, rows=rows,
-                   head_dim=rank, block_n=BLOCK_N, min_tiles=min_tiles, align=True)  # as program_range
+                   head_dim=rank, block_n=BLOCK_N, min_tiles=min_tiles, short_line=short_line,
+                   align=True)  # as program_range
     return out
 
 

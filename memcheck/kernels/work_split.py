@@ -67,10 +67,14 @@ def tile_line(seq_lens_ptr, num_seqs, BLOCK_N: tl.constexpr, SEQS_PAD: tl.conste
 
 
 @triton.jit
-def line_ranges(num_programs, UNITS: tl.constexpr, total, MIN_TILES: tl.constexpr, tiles, ALIGN: tl.constexpr):
-    """R: the programs per unit, but no more than the line's T tiles over MIN_TILES (at least 1); with ALIGN, fewer
-    where the ranges then start at sequence boundaries (ALIGN_TILES). tiles: each sequence's."""
-    most = tl.maximum(1, tl.minimum(num_programs // UNITS, total // MIN_TILES))
+def line_ranges(num_programs, UNITS: tl.constexpr, total, MIN_TILES: tl.constexpr, tiles, ALIGN: tl.constexpr,
+                SHORT_LINE: tl.constexpr):
+    """R: the programs per unit, but no more than the line's T tiles over MIN_TILES (at least 1; 1 on a line of at most
+    SHORT_LINE percent of the programs); with ALIGN, fewer where the ranges then start at sequence boundaries
+    (ALIGN_TILES). tiles: each sequence's."""
+    per_unit = num_programs // UNITS
+    least = tl.where(total * 100 <= per_unit * SHORT_LINE, 1, MIN_TILES)
+    most = tl.maximum(1, tl.minimum(per_unit, total // least))
     if ALIGN:
         busy = tl.maximum(1, tl.sum((tiles > 0).to(tl.int32), 0))
         aligned = most // busy * busy
@@ -200,7 +204,7 @@ def combine_cut_units(
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
     J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, FEW_J: tl.constexpr, FEW_ROWS: tl.constexpr, FEW_DIMS: tl.constexpr,
-    MIN_TILES: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr,
+    MIN_TILES: tl.constexpr, SHORT_LINE: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
     unit, merge the partials of the programs holding it (slot 1 of the first, slot 0 of the others), J_BLOCK
@@ -210,7 +214,7 @@ def combine_cut_units(
     row_blocks = tl.cdiv(ROWS, ROW_BLOCK)
     unit = tl.program_id(1) // row_blocks
     seqs, lens, tiles, ends, total = tile_line(seq_lens_ptr, num_seqs, BLOCK_N, SEQS_PAD)
-    ranges = line_ranges(num_programs, UNITS, total, MIN_TILES, tiles, ALIGN)
+    ranges = line_ranges(num_programs, UNITS, total, MIN_TILES, tiles, ALIGN, SHORT_LINE)
     n = tl.sum(tl.where(seqs == seq, tiles, 0), 0)
     seq_end = tl.sum(tl.where(seqs == seq, ends, 0), 0)
     j_first = program_of(seq_end - n, ranges, total)
@@ -270,7 +274,7 @@ def combine_cut_units(
 
 
 def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
-                   min_tiles=1, align=False):
+                   min_tiles=1, short_line=0, align=False):
     """Launch combine_cut_units over every (sequence, unit, row block, column block), in smaller blocks where that
     grid would leave the GPU mostly idle (few sequences), merging more partials a step where a sequence has many."""
     num_seqs = seq_lens.shape[0]
@@ -322,7 +326,7 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
         HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
         UNROLL=unroll, FEW_J=0 if unroll else COMBINE_FEW_J, FEW_ROWS=few_rows, FEW_DIMS=few_dims,
-        MIN_TILES=min_tiles, ALIGN=align,
+        MIN_TILES=min_tiles, SHORT_LINE=short_line, ALIGN=align,
         **pdl_options(launches_early(out.device)),
         num_warps=4,
     )

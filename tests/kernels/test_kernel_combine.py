@@ -21,7 +21,11 @@ def merged(part_out, part_lse):
 
 @pytest.mark.parametrize("few_j", [16, 0], ids=["few-partials-unrolled", "partials-as-one-tile"])
 @pytest.mark.parametrize("tiles", [16, 17], ids=["16-partials", "17-partials"])
-def test_one_sequence_cut_into_one_tile_ranges_is_merged_from_its_partials(monkeypatch, tiles, few_j):
+@pytest.mark.parametrize("min_tiles, short_line", [(1, 0), (2, 75)], ids=["one-tile-ranges", "short-line"])
+def test_one_sequence_cut_into_one_tile_ranges_is_merged_from_its_partials(monkeypatch, tiles, few_j, min_tiles,
+                                                                           short_line):
+    """As one-tile ranges cut it: by min_tiles 1, or by a line short enough for them (short_line, the seesaw's at 32
+    and 64 heads: its attention kernel and the merge must cut the line alike)."""
     monkeypatch.setattr(work_split, "sm_count", lambda device: H200_SMS)
     monkeypatch.setattr(work_split, "COMBINE_FEW_J", few_j)
     programs, rows, heads, head_dim = H200_SMS, 16, 12, 128  # the last 4 rows of the unit are padding
@@ -36,5 +40,6 @@ def test_one_sequence_cut_into_one_tile_ranges_is_merged_from_its_partials(monke
     out = torch.full((1, heads, head_dim), float("nan"))
     seq_lens = torch.tensor([tiles * BLOCK_N - 5], dtype=torch.int32)
     work_split.merge_partials(part_out.flatten(), part_lse.flatten(), seq_lens, out, programs, num_heads=heads,
-                              units=1, rows=rows, head_dim=head_dim, block_n=BLOCK_N, min_tiles=1)
+                              units=1, rows=rows, head_dim=head_dim, block_n=BLOCK_N, min_tiles=min_tiles,
+                              short_line=short_line)
     assert_close(out[0], merged(held_out, held_lse))
