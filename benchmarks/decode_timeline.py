@@ -68,8 +68,10 @@ CASES = {  # the grid's worst small cells and a large one of each kernel for the
     # lines of 64 to 192 tiles, about half the programs to half again more: where one-tile ranges stop paying (their
     # partials' traffic against one chain less a program)
     "mla64-b4x1K": mla_cell(64, 4, 1024), "mla64-b8x750": mla_cell(64, 8, 750), "mla64-b8x1K": mla_cell(64, 8, 1024),
-    "mla64-b8x1500": mla_cell(64, 8, 1500), "mla32-b8x1K": mla_cell(32, 8, 1024), "mla32-b8x1500": mla_cell(32, 8, 1500),
-    # one sequence of 64 tiles, its 64 partials merged over the combine's whole grid: 12 us a layer at 16 heads, 23 at 64
+    "mla64-b8x1500": mla_cell(64, 8, 1500),
+    "mla32-b8x1K": mla_cell(32, 8, 1024), "mla32-b8x1500": mla_cell(32, 8, 1500),
+    # one sequence of 64 tiles, its 64 partials merged over the combine's whole grid: 12 us a layer at 16 heads, 23
+    # at 64
     "mla16-b1x4K": mla_cell(16, 1, 4096), "mla32-b1x4K": mla_cell(32, 1, 4096), "mla64-b1x4K": mla_cell(64, 1, 4096),
 }
 KERNEL_MODULES = ("decode", "mla", "mla_narrow", "mla_seesaw")  # each launches work_split.merge_partials

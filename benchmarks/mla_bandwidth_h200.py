@@ -70,8 +70,7 @@ def dense_cell(q_heads, kv_heads, batch, context):
 def config_of(name, heads):
     if name == "triton":
         return {**mla.decode_config(heads), "hopper": False}
-    cfg = VARIANTS[name]
-    return cfg(heads) if callable(cfg) else cfg  # the seesaw: the stack's config at this many heads
+    return mh.config_at(VARIANTS[name], heads)
 
 
 @contextlib.contextmanager

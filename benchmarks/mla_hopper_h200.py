@@ -73,9 +73,8 @@ CELLS = ["b1x1K", "b1x32K", "b1x128K", "b8x1K", "b8x4K", "b32x1K", "b32x4K", "b8
          "16h:b256x4K", "16h:b256x32K"]
 
 
-def variant_config(name, heads):
-    """A variant's config: fixed, or the stack's at this many heads."""
-    cfg = VARIANTS[name]
+def config_at(cfg, heads):
+    """A variant's config at this many heads: fixed, or a function of the heads (the stack's, as SEESAW)."""
     return cfg(heads) if callable(cfg) else cfg
 
 
@@ -107,7 +106,7 @@ def check(heads, lengths, block_size, programs, gen, variants):
                                            if len(set(lengths)) == 1 else f"{lengths[:2]} ... {lengths[-3:]}"),
            "block_size": block_size, "programs": programs, "triton_rel_err": rel_err(run(triton_config(heads)), ref)}
     for name in variants:
-        out = run(variant_config(name, heads))
+        out = run(config_at(VARIANTS[name], heads))
         row[f"{name}_rel_err"] = rel_err(out, ref) if not out.isnan().any() else math.inf
     row["ok"] = all(row[f"{name}_rel_err"] < BOUND for name in variants)
     return row
@@ -131,7 +130,7 @@ def time_cell(c, bandwidth, rate, gen, timed):
     triton_out = build["output_with"](triton_config(c.q_heads))
     row = {"cell": c.name, "floor_us": floor * 1e3}
     for name in timed:
-        cfg = triton_config(c.q_heads) if name == "triton" else variant_config(name, c.q_heads)
+        cfg = triton_config(c.q_heads) if name == "triton" else config_at(VARIANTS[name], c.q_heads)
         us = bench_graph(build["with_config"](cfg), kb.replays_for(floor * layers)) / layers * 1e3
         row.update({f"{name}_us": us, f"{name}_x": us / (floor * 1e3)})
         if name != "triton":

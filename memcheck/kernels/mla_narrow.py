@@ -142,8 +142,8 @@ def _mla_decode_narrow(
         gdc_wait_gluon()
     if STAMPS:
         stamp_gluon(stamps_ptr, gl.program_id(0), 1)
-    _, first, last, seqs, lens, tiles, ends = program_range(seq_lens_ptr, num_seqs, num_programs, 1, MIN_TILES, 0, TILE_C,
-                                                            SEQS_PAD, line)
+    _, first, last, seqs, lens, tiles, ends = program_range(seq_lens_ptr, num_seqs, num_programs, 1, MIN_TILES, 0,
+                                                            TILE_C, SEQS_PAD, line)
     if STAMPS:
         stamp_gluon(stamps_ptr, gl.program_id(0), 2)
     s_rows = gl.arange(0, TILE_C, gl.SliceLayout(1, s_layout))
