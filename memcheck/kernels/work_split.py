@@ -49,6 +49,10 @@ COMBINE_UNROLL_J = 16
 # rest of the grid ends at once): 64 heads x 1K, 16 partials, left 2048 programs of [2, 8] in three waves of 7 a
 # multiprocessor (72 registers); 256 of [2, 64] took the layer from 17.9 to 14.0 us on an H100.
 COMBINE_FEW_J = 16
+# Fewer than this many (one 64-head 4K sequence in one-tile ranges: 64), one [J, rows, columns] tile of this many
+# partials, by one program of each block of rows and columns that fills it (one wave), not the whole grid's steps of
+# J_SPLIT: 64h b1 x 4K merged in ~10 us of its 23 (its 2048 programs of [256, 2, 8] in three waves).
+COMBINE_MID_J = 64
 # A range that straddles two sequences runs a second segment and leaves a partial in each. Where the sequences are of
 # one length and fewer than the programs, R a multiple of them puts a boundary between every two: taken where the
 # programs it leaves idle, (most - R) x T tiles, come to at most ALIGN_TILES tiles a range, i.e.
@@ -182,6 +186,39 @@ def _merge_unrolled(part_out_ptr, part_lse_ptr, m, w, acc, j0, j_first, j_last, 
 
 
 @triton.jit
+def _merge_tile(part_out_ptr, part_lse_ptr, m, w, acc, j0, j_first, j_last, first_slot, unit, rows, row_mask, dims,
+                UNITS: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, J: tl.constexpr):
+    """Programs j0..j0+J-1's partials (those up to j_last) into the running (max, weight, output) as one [J, rows,
+    columns] tile spread over the threads (a long sequence's hundreds of partials)."""
+    js = j0 + tl.arange(0, J)
+    at = _partial_at(js[:, None], j_first, first_slot, unit, rows[None, :], UNITS, ROWS)  # [J, rows]
+    held = (js <= j_last)[:, None] & row_mask[None, :]
+    lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
+    o = tl.load(part_out_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
+                mask=held[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0)
+    m_new = tl.where(row_mask, tl.maximum(m, tl.max(lse, 0)), 0.0)
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(lse - m_new[None, :])  # [J, rows]
+    return m_new, w * alpha + tl.sum(p, 0), acc * alpha[:, None] + tl.sum(o * p[:, :, None], 0)
+
+
+@triton.jit
+def _merge_mid(part_out_ptr, part_lse_ptr, seq_out_ptr, stride_o_head, unit, row0, dim0, j_first, j_last, first_slot,
+               NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
+               MID_ROWS: tl.constexpr, MID_DIMS: tl.constexpr, MID_J: tl.constexpr):
+    """A sequence's partials (fewer than MID_J), rows row0.. and columns dim0.. of the unit, as one tile."""
+    rows = row0 + tl.arange(0, MID_ROWS)
+    heads = unit * ROWS + rows
+    row_mask = (rows < ROWS) & (heads < NUM_HEADS)
+    dims = dim0 + tl.arange(0, MID_DIMS)
+    m, w, acc = _merge_start(MID_ROWS, MID_DIMS)
+    m, w, acc = _merge_tile(part_out_ptr, part_lse_ptr, m, w, acc, j_first, j_first, j_last, first_slot, unit, rows,
+                            row_mask, dims, UNITS, ROWS, HEAD_DIM, MID_J)
+    _store_merged(seq_out_ptr + heads[:, None] * stride_o_head + dims[None, :], acc, w, row_mask,
+                  row_mask[:, None] & (dims < HEAD_DIM)[None, :])
+
+
+@triton.jit
 def _merge_few(part_out_ptr, part_lse_ptr, seq_out_ptr, stride_o_head, unit, row0, dim0, j_first, j_last, first_slot,
                NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
                FEW_ROWS: tl.constexpr, FEW_DIMS: tl.constexpr, FEW_J: tl.constexpr):
@@ -204,6 +241,7 @@ def combine_cut_units(
     NUM_HEADS: tl.constexpr, UNITS: tl.constexpr, ROWS: tl.constexpr, ROW_BLOCK: tl.constexpr,
     HEAD_DIM: tl.constexpr, DIM_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, SEQS_PAD: tl.constexpr,
     J_BLOCK: tl.constexpr, UNROLL: tl.constexpr, FEW_J: tl.constexpr, FEW_ROWS: tl.constexpr, FEW_DIMS: tl.constexpr,
+    MID_J: tl.constexpr, MID_ROWS: tl.constexpr, MID_DIMS: tl.constexpr,
     MIN_TILES: tl.constexpr, SHORT_LINE: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (sequence, unit x row block, DIM_BLOCK columns). If range boundaries cut the sequence in this
@@ -222,9 +260,12 @@ def combine_cut_units(
     # a sequence of few partials in a grid sized for hundreds (FEW_J 0: none): one program of each FEW_ROWS x
     # FEW_DIMS block merges it; the others end here, before the wait, their slots free for it
     few = (n > 0) & (j_first != j_last) & (j_last - j_first < FEW_J)
+    # likewise up to MID_J, as one tile (MID_J 1: none)
+    mid = (n > 0) & (j_first != j_last) & (j_last - j_first >= FEW_J) & (j_last - j_first < MID_J)
     row_block = tl.program_id(1) % row_blocks
     leads = (row_block % (FEW_ROWS // ROW_BLOCK) == 0) & (tl.program_id(2) % (FEW_DIMS // DIM_BLOCK) == 0)
-    if few & ~leads:
+    leads_mid = (row_block % (MID_ROWS // ROW_BLOCK) == 0) & (tl.program_id(2) % (MID_DIMS // DIM_BLOCK) == 0)
+    if (few & ~leads) | (mid & ~leads_mid):
         return
     if PDL:  # launched early (dispatch.launches_early): the attention kernel's partials and outputs are complete past this
         gdc_wait()
@@ -241,6 +282,11 @@ def combine_cut_units(
         _merge_few(part_out_ptr, part_lse_ptr, out_ptr + seq * stride_o_seq, stride_o_head, unit, row_block * ROW_BLOCK,
                    tl.program_id(2) * DIM_BLOCK, j_first, j_last, first_slot, NUM_HEADS, UNITS, ROWS, HEAD_DIM,
                    FEW_ROWS, FEW_DIMS, FEW_J)
+    elif mid:
+        first_slot = (program_start(j_first, ranges, total) < seq_end - n).to(tl.int32)
+        _merge_mid(part_out_ptr, part_lse_ptr, out_ptr + seq * stride_o_seq, stride_o_head, unit, row_block * ROW_BLOCK,
+                   tl.program_id(2) * DIM_BLOCK, j_first, j_last, first_slot, NUM_HEADS, UNITS, ROWS, HEAD_DIM,
+                   MID_ROWS, MID_DIMS, MID_J)
     else:
         if j_first != j_last:
             # the first program holds it in slot 1 where its range began before the sequence, else in slot 0
@@ -256,20 +302,9 @@ def combine_cut_units(
                 _store_merged(o_ptrs, acc, w, row_mask, mask)
             else:
                 m, w, acc = _merge_start(ROW_BLOCK, DIM_BLOCK)
-                for j0 in range(j_first, j_last + 1, J_BLOCK):
-                    # many partials a step (few sequences cut into many ranges): spread over the threads
-                    js = j0 + tl.arange(0, J_BLOCK)
-                    at = _partial_at(js[:, None], j_first, first_slot, unit, rows[None, :], UNITS, ROWS)  # [J, rows]
-                    held = (js <= j_last)[:, None] & row_mask[None, :]
-                    lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
-                    o = tl.load(part_out_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
-                                mask=held[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0)
-                    m_new = tl.where(row_mask, tl.maximum(m, tl.max(lse, 0)), 0.0)
-                    alpha = tl.exp2(m - m_new)
-                    p = tl.exp2(lse - m_new[None, :])  # [J, rows]
-                    acc = acc * alpha[:, None] + tl.sum(o * p[:, :, None], 0)
-                    w = w * alpha + tl.sum(p, 0)
-                    m = m_new
+                for j0 in range(j_first, j_last + 1, J_BLOCK):  # many partials a step (few sequences cut many times)
+                    m, w, acc = _merge_tile(part_out_ptr, part_lse_ptr, m, w, acc, j0, j_first, j_last, first_slot,
+                                            unit, rows, row_mask, dims, UNITS, ROWS, HEAD_DIM, J_BLOCK)
                 _store_merged(o_ptrs, acc, w, row_mask, mask)
 
 
@@ -321,11 +356,17 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
         few_dims //= 2
     while few_rows * few_dims * COMBINE_FEW_J > COMBINE_MAX_TILE and few_rows > row_block:
         few_rows //= 2
+    mid_rows, mid_dims = few_rows, few_dims
+    while mid_rows * mid_dims * COMBINE_MID_J > COMBINE_MAX_TILE and mid_dims > dim_block:
+        mid_dims //= 2
+    while mid_rows * mid_dims * COMBINE_MID_J > COMBINE_MAX_TILE and mid_rows > row_block:
+        mid_rows //= 2
     combine_cut_units[(num_seqs, units * triton.cdiv(rows, row_block), triton.cdiv(head_dim, dim_block))](
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
         HEAD_DIM=head_dim, DIM_BLOCK=dim_block, BLOCK_N=block_n, SEQS_PAD=seqs_pad, J_BLOCK=j_block,
         UNROLL=unroll, FEW_J=0 if unroll else COMBINE_FEW_J, FEW_ROWS=few_rows, FEW_DIMS=few_dims,
+        MID_J=1 if unroll else COMBINE_MID_J, MID_ROWS=mid_rows, MID_DIMS=mid_dims,
         MIN_TILES=min_tiles, SHORT_LINE=short_line, ALIGN=align,
         **pdl_options(launches_early(out.device)),
         num_warps=4,

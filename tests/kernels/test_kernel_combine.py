@@ -1,7 +1,7 @@
-"""decode's combine (work_split.merge_partials) under the interpreter, on partials written by hand for one sequence cut
-into one-tile ranges, against torch's merge of the same partials; the grid sized as on the H200's 132
-multiprocessors, where the launch takes one [J, rows, columns] tile a step and a sequence of few partials is merged by
-one program of each larger block (the rest of the grid ends at once)."""
+"""decode's combine (work_split.merge_partials) under the interpreter, on partials written by hand for a sequence cut
+into one-tile ranges (beside a whole one), against torch's merge of the same partials; the grid sized as on the H200's
+132 multiprocessors, where the launch takes one [J, rows, columns] tile a step and a sequence of up to 64 partials is
+merged by one program of each larger block (the rest of the grid ends at once)."""
 import pytest
 import torch
 
@@ -20,12 +20,13 @@ def merged(part_out, part_lse):
 
 
 @pytest.mark.parametrize("few_j", [16, 0], ids=["few-partials-unrolled", "partials-as-one-tile"])
-@pytest.mark.parametrize("tiles", [16, 17], ids=["16-partials", "17-partials"])
+@pytest.mark.parametrize("tiles", [16, 17, 64, 65], ids=["16-partials", "17-partials", "64-partials", "65-partials"])
 @pytest.mark.parametrize("min_tiles, short_line", [(1, 0), (2, 75)], ids=["one-tile-ranges", "short-line"])
-def test_one_sequence_cut_into_one_tile_ranges_is_merged_from_its_partials(monkeypatch, tiles, few_j, min_tiles,
-                                                                           short_line):
+def test_a_sequence_cut_into_one_tile_ranges_is_merged_from_its_partials(monkeypatch, tiles, few_j, min_tiles,
+                                                                         short_line):
     """As one-tile ranges cut it: by min_tiles 1, or by a line short enough for them (short_line, the seesaw's at 32
-    and 64 heads: its attention kernel and the merge must cut the line alike)."""
+    and 64 heads: its attention kernel and the merge must cut the line alike). Up to 16 partials the few-partials
+    programs merge them in one unrolled step, up to 64 as one tile; 65 take the whole grid's steps."""
     monkeypatch.setattr(work_split, "sm_count", lambda device: H200_SMS)
     monkeypatch.setattr(work_split, "COMBINE_FEW_J", few_j)
     programs, rows, heads, head_dim = H200_SMS, 16, 12, 128  # the last 4 rows of the unit are padding
@@ -37,9 +38,13 @@ def test_one_sequence_cut_into_one_tile_ranges_is_merged_from_its_partials(monke
     part_out = torch.full((programs, 2, rows, head_dim), float("nan"))
     part_lse = torch.full((programs, 2, rows), float("nan"))
     part_out[:tiles, 0, :heads], part_lse[:tiles, 0, :heads] = held_out, held_lse
-    out = torch.full((1, heads, head_dim), float("nan"))
-    seq_lens = torch.tensor([tiles * BLOCK_N - 5], dtype=torch.int32)
+    # and a sequence of one tile, whole in the next program's range: its output, written by the attention kernel,
+    # is the merge's to leave alone
+    out = torch.full((2, heads, head_dim), float("nan"))
+    out[1] = whole = torch.randn(heads, head_dim, generator=gen)
+    seq_lens = torch.tensor([tiles * BLOCK_N - 5, 10], dtype=torch.int32)
     work_split.merge_partials(part_out.flatten(), part_lse.flatten(), seq_lens, out, programs, num_heads=heads,
                               units=1, rows=rows, head_dim=head_dim, block_n=BLOCK_N, min_tiles=min_tiles,
                               short_line=short_line)
     assert_close(out[0], merged(held_out, held_lse))
+    assert torch.equal(out[1], whole)
