@@ -44,6 +44,9 @@ CASES = {  # name: (cell, config name or None)
     "mla16-b8x32K": (Cell(MLA_DECODE, 8, 32768, 1, 16, 1, 512, 64), None),
     "mla64-b44x6K": (Cell(MLA_DECODE, 44, 6144, 1, 64, 1, 512, 64), None),
     "gqa28-b8x18K": (Cell(DECODE, 8, 18432, 1, 28, 4, 128), None),
+    # small layers, one sequence in one-tile ranges: the merge of 16 and of 64 partials (combine_cut_units)
+    "mla64-b1x1K": (Cell(MLA_DECODE, 1, 1024, 1, 64, 1, 512, 64), None),
+    "mla64-b1x4K": (Cell(MLA_DECODE, 1, 4096, 1, 64, 1, 512, 64), None),
 }
 
 
