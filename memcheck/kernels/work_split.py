@@ -53,10 +53,6 @@ COMBINE_FEW_J = 16
 # partials, by one program of each block of rows and columns that fills it (one wave), not the whole grid's steps of
 # J_SPLIT: 64h b1 x 4K merged in ~10 us of its 23 (its 2048 programs of [256, 2, 8] in three waves).
 COMBINE_MID_J = 64
-# Registers a combine thread may take on the GPU: the [MID_J, rows, columns] step above took the kernel from 72-80 to 91
-# (sm_90, ptxas; 5 programs a multiprocessor, not 6-7, for a grid mostly of programs that end at once); 80 leaves it 78
-# with no spills.
-COMBINE_MAXNREG = 80
 # A range that straddles two sequences runs a second segment and leaves a partial in each. Where the sequences are of
 # one length and fewer than the programs, R a multiple of them puts a boundary between every two: taken where the
 # programs it leaves idle, (most - R) x T tiles, come to at most ALIGN_TILES tiles a range, i.e.
@@ -373,6 +369,5 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
         MID_J=1 if unroll else COMBINE_MID_J, MID_ROWS=mid_rows, MID_DIMS=mid_dims,
         MIN_TILES=min_tiles, SHORT_LINE=short_line, ALIGN=align,
         **pdl_options(launches_early(out.device)),
-        **({"maxnreg": COMBINE_MAXNREG} if out.device.type == "cuda" else {}),
         num_warps=4,
     )
