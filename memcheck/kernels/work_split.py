@@ -267,7 +267,8 @@ def combine_cut_units(
     leads_mid = (row_block % (MID_ROWS // ROW_BLOCK) == 0) & (tl.program_id(2) % (MID_DIMS // DIM_BLOCK) == 0)
     if (few & ~leads) | (mid & ~leads_mid):
         return
-    if PDL:  # launched early (dispatch.launches_early): the attention kernel's partials and outputs are complete past this
+    # launched early (dispatch.launches_early): the attention kernel's partials and outputs are complete past this
+    if PDL:
         gdc_wait()
     rows = row_block * ROW_BLOCK + tl.arange(0, ROW_BLOCK)
     heads = unit * ROWS + rows
