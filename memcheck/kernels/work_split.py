@@ -51,7 +51,7 @@ COMBINE_UNROLL_J = 16
 COMBINE_FEW_J = 16
 # Fewer than this many (one 64-head 4K sequence in one-tile ranges: 64), one [J, rows, columns] tile of this many
 # partials, by one program of each block of rows and columns that fills it (one wave), not the whole grid's steps of
-# J_SPLIT: 64h b1 x 4K merged in ~10 us of its 23 (its 2048 programs of [256, 2, 8] in three waves).
+# J_SPLIT (2048 programs of [256, 2, 8] in three waves): 64h b1 x 4K 22.8 -> 18.1 us a layer on an H100.
 COMBINE_MID_J = 64
 # A range that straddles two sequences runs a second segment and leaves a partial in each. Where the sequences are of
 # one length and fewer than the programs, R a multiple of them puts a boundary between every two: taken where the
@@ -322,6 +322,16 @@ def combine_cut_units(
                 _store_merged(o_ptrs, acc, w, row_mask, mask)
 
 
+def fit_tile(rows, dims, j, least_rows, least_dims):
+    """A block of rows x columns whose J partials make at most a COMBINE_MAX_TILE tile: the columns halved first, then
+    the rows, no smaller than the step's own block."""
+    while rows * dims * j > COMBINE_MAX_TILE and dims > least_dims:
+        dims //= 2
+    while rows * dims * j > COMBINE_MAX_TILE and rows > least_rows:
+        rows //= 2
+    return rows, dims
+
+
 def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads, units, rows, head_dim, block_n,
                    min_tiles=1, short_line=0, align=False):
     """Launch combine_cut_units over every (sequence, unit, row block, column block), in smaller blocks where that
@@ -365,16 +375,9 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
         dim_block *= 2
     j_block = j_block()
     unroll = j_block <= COMBINE_UNROLL_J
-    few_rows, few_dims = max(few_rows, row_block), max(few_dims, dim_block)
-    while few_rows * few_dims * COMBINE_FEW_J > COMBINE_MAX_TILE and few_dims > dim_block:
-        few_dims //= 2
-    while few_rows * few_dims * COMBINE_FEW_J > COMBINE_MAX_TILE and few_rows > row_block:
-        few_rows //= 2
-    mid_rows, mid_dims = few_rows, few_dims
-    while mid_rows * mid_dims * COMBINE_MID_J > COMBINE_MAX_TILE and mid_dims > dim_block:
-        mid_dims //= 2
-    while mid_rows * mid_dims * COMBINE_MID_J > COMBINE_MAX_TILE and mid_rows > row_block:
-        mid_rows //= 2
+    few_rows, few_dims = fit_tile(max(few_rows, row_block), max(few_dims, dim_block), COMBINE_FEW_J, row_block,
+                                  dim_block)
+    mid_rows, mid_dims = fit_tile(few_rows, few_dims, COMBINE_MID_J, row_block, dim_block)
     combine_cut_units[(num_seqs, units * triton.cdiv(rows, row_block), triton.cdiv(head_dim, dim_block))](
         part_out, part_lse, seq_lens, out, num_seqs, num_programs, out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, UNITS=units, ROWS=rows, ROW_BLOCK=row_block,
