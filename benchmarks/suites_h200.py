@@ -9,7 +9,8 @@ baselines, and the run that checks them. Prints, last, each item's verdict, wher
     python benchmarks/suites_h200.py --compare RUN1 RUN2    # memory metrics run to run: reports or folders (no GPU)
 
 A part starts only if its estimated time (ESTIMATE_S, or --estimates) fits in what is left of --budget-s, so
-one call stays under the device's 10-minute limit; the parts left out are named, to run in the next call.
+one call stays under the device's 10-minute limit; the parts left out are named, to run in the next call (the
+same OUT and --run: its tables then cover the parts of both calls, each part's wall kept in RUN/seconds.json).
 The two-GPU items (`-tp2`) are left out: they need a machine of two GPUs (benchmarks/tp_h200x2.py).
 
 `--at-once N` measures N items at once on the GPU (`-n N --dist worksteal`, memcheck/device_share.py).
@@ -50,7 +51,7 @@ MEMORY = ("gpu.heap_alloc.peak", "gpu.heap_alloc.end", "gpu.reserved.peak", "gpu
           "host.rss.peak", "host.heap_alloc.peak")
 
 
-SECONDS: dict[str, float] = {}  # each part's wall in this call, pytest's start to its exit
+SECONDS: dict[str, float] = {}  # each part's wall, pytest's start to its exit (this call's, or an earlier call's)
 
 
 def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, profile: str,
@@ -77,11 +78,46 @@ def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, 
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     SECONDS[key] = time.time() - t0
     print(f"[{tag} {key}] pytest exit {code} in {SECONDS[key]:.1f} s", flush=True)
+    _keep_seconds(os.path.join(out, tag), key)
     if not os.path.exists(report):
         return None
     with open(report) as f:
         return json.load(f)
 
+
+def _keep_seconds(run_dir: str, key: str) -> None:
+    """This part's wall beside the earlier calls' in RUN/seconds.json: a run continued in the next call (its parts
+    left out for time) gets its tables, and its sum, over all of its parts."""
+    path = os.path.join(run_dir, "seconds.json")
+    kept = _seconds_of(run_dir)
+    kept[key] = round(SECONDS[key], 1)
+    with open(path + ".tmp", "w") as f:
+        json.dump(kept, f, indent=1)
+    os.replace(path + ".tmp", path)  # a call killed at its limit leaves the earlier calls' seconds whole
+
+
+def _seconds_of(run_dir: str) -> dict[str, float]:
+    try:
+        with open(os.path.join(run_dir, "seconds.json")) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def earlier_parts(run_dir: str, keys: list[str], reports: dict[str, dict], not_started: list[str]) -> dict[str, dict]:
+    """This call's reports and, for the parts it did not start, those an earlier call of the run left in RUN_DIR
+    (with their walls, into SECONDS), in the order of keys. A part this call started and lost is not taken from an
+    earlier call."""
+    walls, every = _seconds_of(run_dir), {}
+    for key in keys:
+        path = os.path.join(run_dir, f"{key}.json")
+        if key in reports:
+            every[key] = reports[key]
+        elif key in not_started and key in walls and os.path.exists(path):
+            with open(path) as f:
+                every[key] = json.load(f)
+            SECONDS[key] = walls[key]
+    return every
 
 
 def summary(reports: dict[str, dict]) -> list[tuple]:
@@ -176,7 +212,7 @@ def bound_rows(reports: dict[str, dict]) -> list[tuple]:
 
 
 def part_rows(keys: list[str]) -> list[tuple]:
-    """Each part's seconds in this call beside BEFORE_S."""
+    """Each part's seconds beside BEFORE_S."""
     rows = [("part", "before s", "after s", "after / before")]
     for key in keys:
         before, after = BEFORE_S.get(key), SECONDS.get(key)
@@ -246,20 +282,25 @@ def main() -> int:
         left = args.budget_s - (time.time() - t0)
         if estimates[key] > left:
             left_out.append(key)
-            print(f"[{args.run} {key}] not started: estimated {estimates[key]:.0f} s, {left:.0f} s left", flush=True)
+            print(f"[{args.run} {key}] not started: estimated {estimates[key]:.0f} s, {max(left, 0):.0f} s left",
+                  flush=True)
             continue
         report = run_part(args.out, args.run, key, args.update, args.baselines, args.profile, args.at_once,
                           args.cold_triton_cache)
         if report is not None:
             reports[key] = report
+    ran = ", ".join(reports) or "no suite"
+    reports = earlier_parts(os.path.join(args.out, args.run), args.suites.split(","), reports, left_out)
     if reports:  # this call's reports and any an earlier call of the same run left in OUT/RUN
         from memcheck import cli
 
         cli.main(["merge", "-o", os.path.join(args.out, args.run, "merged.json"),
                   *(os.path.join(args.out, args.run, f"{key}.json") for key in PARTS
                     if os.path.exists(os.path.join(args.out, args.run, f"{key}.json")))])
-    print(f"\n{args.run}: {', '.join(reports) or 'no suite'} in {time.time() - t0:.1f} s"
-          + (f"; not run: {','.join(left_out)}" if left_out else ""))
+    earlier = [key for key in reports if key in left_out]
+    print(f"\n{args.run}: {ran} in {time.time() - t0:.1f} s"
+          + (f"; from an earlier call: {','.join(earlier)}" if earlier else "")
+          + (f"; not run: {','.join(k for k in left_out if k not in reports)}" if set(left_out) - set(reports) else ""))
     if reports:
         print(table(summary(reports)))
     if reports and args.at_once > 1:
@@ -275,7 +316,7 @@ def main() -> int:
             counts[1] += 1
         print("\n" + table([("item", "verdict", "gpu.*/kv.* numbers as the baseline's")]
                             + [(*k, f"{same} of {n}") for k, (same, n) in per_item.items()]))
-        print("\n" + table(part_rows([k for k in args.suites.split(",") if k in reports])))
+        print("\n" + table(part_rows(list(reports))))
         same = len(rows) - 1 - len(moved)
         print(f"verdicts: {', '.join(f'{n} {v}' for v, n in sorted(verdicts.items()))}; gpu.*/kv.* numbers the same "
               f"as the committed baselines: {same} of {len(rows) - 1}" + (f"; moved: {'; '.join(moved)}" if moved

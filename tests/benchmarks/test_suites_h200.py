@@ -2,11 +2,13 @@
 the call's budget, the run-to-run comparison reports a memory metric that moved, and reports of several calls
 are read together."""
 import json
+import os
 import sys
 
 import pytest
 
 from benchmarks import suites_h200 as sh
+from memcheck.reports.report import SCHEMA as REPORT_SCHEMA
 
 
 def report(ids_values: dict, metric="gpu.heap_alloc.peak") -> dict:
@@ -107,3 +109,35 @@ def test_a_parts_bounds_are_its_gpu_held_and_idle_seconds_and_its_longest_item(m
     header, row = sh.bound_rows({"r1": {"items": items}})
     assert dict(zip(header, row)) == {"part": "r1", "wall s": "130.0", "GPU held s": "80.0", "GPU idle s": "50.0",
                                       "longest item": "long[hf]", "its own s": "85.0", "waited s, all items": "30.0"}
+
+
+def test_a_run_continued_in_a_second_call_is_tabled_over_the_parts_of_both(tmp_path, monkeypatch, capsys):
+    def pytest_writing_a_report(cmd, **kw):
+        path = cmd[cmd.index("--memcheck-report") + 1]
+        part = os.path.basename(path)[:-5]
+        item = {"id": f"{part}-item[hf]", "workload": f"{part}-item", "stack": "hf", "verdict": "pass", "metrics": {}}
+        with open(path, "w") as f:
+            json.dump({"schema": REPORT_SCHEMA, "items": [item]}, f)
+        return 0
+
+    clock = iter(range(0, 10_000, 50))  # each reading of the clock 50 s after the last
+    monkeypatch.setattr(sh.subprocess, "call", pytest_writing_a_report)
+    monkeypatch.setattr(sh.time, "time", lambda: float(next(clock)))
+    monkeypatch.setattr(sh, "SECONDS", {})
+    for estimates in ("r1=10,vl-v2=1000", "r1=1000,vl-v2=10"):  # the first call runs r1, the second vl-v2
+        monkeypatch.setattr(sys, "argv", ["suites_h200.py", str(tmp_path), "--run", "after", "--suites", "r1,vl-v2",
+                                          "--estimates", estimates, "--budget-s", "500", "--at-once", "2"])
+        assert sh.main() == 0
+    out = capsys.readouterr().out
+    assert "after: vl-v2 in 250.0 s; from an earlier call: r1\n" in out
+    assert json.loads((tmp_path / "after" / "seconds.json").read_text()) == {"r1": 50.0, "vl-v2": 50.0}
+    assert sh.part_rows(["r1", "vl-v2"])[-1] == ("all", "552", "100.0", "0.18")
+    merged = json.loads((tmp_path / "after" / "merged.json").read_text())
+    assert sorted(i["id"] for i in merged["items"]) == ["r1-item[hf]", "vl-v2-item[hf]"]
+
+
+def test_a_part_started_again_and_lost_is_not_tabled_from_the_earlier_call(tmp_path, monkeypatch):
+    (tmp_path / "r1.json").write_text(json.dumps(report({"old[hf]": 1})))
+    (tmp_path / "seconds.json").write_text(json.dumps({"r1": 90.0}))
+    assert sh.earlier_parts(str(tmp_path), ["r1"], {}, not_started=[]) == {}
+    assert list(sh.earlier_parts(str(tmp_path), ["r1"], {}, not_started=["r1"])) == ["r1"]
