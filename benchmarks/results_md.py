@@ -77,8 +77,10 @@ def render(results_dir: Path, current: str, scripts: set) -> str:
     newest: dict = {}
     for log in sorted(p for p in results_dir.rglob("*") if p.suffix in (".log", ".txt")):
         script = script_of(log, scripts)
-        key = script and section_key(script, log)
-        if key and (key not in newest or log.stat().st_mtime >= newest[key].stat().st_mtime):
+        if script is None:
+            continue
+        key = section_key(script, log)
+        if (key not in newest or log.stat().st_mtime >= newest[key].stat().st_mtime):
             newest[key] = log
     body = {**kept, **{key: section_of(log) for key, log in newest.items()}}
     return HEADER + "".join(f"\n{heading(key)}\n\n{body[key]}\n" for key in sorted(body))

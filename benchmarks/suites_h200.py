@@ -71,6 +71,10 @@ def run_part(out: str, tag: str, key: str, update: bool, baselines: str | None, 
     if update:
         cmd.append("--memcheck-update-baselines")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    # an earlier call's report: a part that runs again and writes none must not pass it off as this call's, in the
+    # tables or in the merge
+    if os.path.exists(report):
+        os.remove(report)
     if cold_triton_cache:  # outside OUT: thousands of files
         env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"triton-cache-{key}-")
     t0 = time.time()
@@ -97,23 +101,28 @@ def _keep_seconds(run_dir: str, key: str) -> None:
 
 
 def _seconds_of(run_dir: str) -> dict[str, float]:
+    path = os.path.join(run_dir, "seconds.json")
     try:
-        with open(os.path.join(run_dir, "seconds.json")) as f:
-            return json.load(f)
+        with open(path) as f:
+            walls = json.load(f)
     except FileNotFoundError:
         return {}
+    except json.JSONDecodeError as e:
+        sys.exit(f"{path}: not JSON ({e.msg}, line {e.lineno}): the run's part seconds; remove it to keep none")
+    if not isinstance(walls, dict) or not all(isinstance(v, (int, float)) for v in walls.values()):
+        sys.exit(f"{path}: expected {{part: seconds}}, e.g. {{\"r1\": 226.6}}")
+    return walls
 
 
-def earlier_parts(run_dir: str, keys: list[str], reports: dict[str, dict], not_started: list[str]) -> dict[str, dict]:
-    """This call's reports and, for the parts it did not start, those an earlier call of the run left in RUN_DIR
-    (with their walls, into SECONDS), in the order of keys. A part this call started and lost is not taken from an
-    earlier call."""
+def earlier_parts(run_dir: str, keys: list[str], reports: dict[str, dict]) -> dict[str, dict]:
+    """This call's reports and, for the parts it did not run, those an earlier call of the run left in RUN_DIR (with
+    their walls, into SECONDS), in the order of keys."""
     walls, every = _seconds_of(run_dir), {}
     for key in keys:
         path = os.path.join(run_dir, f"{key}.json")
         if key in reports:
             every[key] = reports[key]
-        elif key in not_started and key in walls and os.path.exists(path):
+        elif key in walls and os.path.exists(path):
             with open(path) as f:
                 every[key] = json.load(f)
             SECONDS[key] = walls[key]
@@ -290,17 +299,17 @@ def main() -> int:
         if report is not None:
             reports[key] = report
     ran = ", ".join(reports) or "no suite"
-    reports = earlier_parts(os.path.join(args.out, args.run), args.suites.split(","), reports, left_out)
+    reports = earlier_parts(os.path.join(args.out, args.run), args.suites.split(","), reports)
     if reports:  # this call's reports and any an earlier call of the same run left in OUT/RUN
         from memcheck import cli
 
         cli.main(["merge", "-o", os.path.join(args.out, args.run, "merged.json"),
                   *(os.path.join(args.out, args.run, f"{key}.json") for key in PARTS
                     if os.path.exists(os.path.join(args.out, args.run, f"{key}.json")))])
-    earlier = [key for key in reports if key in left_out]
+    earlier, not_run = [k for k in left_out if k in reports], [k for k in left_out if k not in reports]
     print(f"\n{args.run}: {ran} in {time.time() - t0:.1f} s"
           + (f"; from an earlier call: {','.join(earlier)}" if earlier else "")
-          + (f"; not run: {','.join(k for k in left_out if k not in reports)}" if set(left_out) - set(reports) else ""))
+          + (f"; not run: {','.join(not_run)}" if not_run else ""))
     if reports:
         print(table(summary(reports)))
     if reports and args.at_once > 1:

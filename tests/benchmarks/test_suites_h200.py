@@ -137,7 +137,18 @@ def test_a_run_continued_in_a_second_call_is_tabled_over_the_parts_of_both(tmp_p
 
 
 def test_a_part_started_again_and_lost_is_not_tabled_from_the_earlier_call(tmp_path, monkeypatch):
-    (tmp_path / "r1.json").write_text(json.dumps(report({"old[hf]": 1})))
-    (tmp_path / "seconds.json").write_text(json.dumps({"r1": 90.0}))
-    assert sh.earlier_parts(str(tmp_path), ["r1"], {}, not_started=[]) == {}
-    assert list(sh.earlier_parts(str(tmp_path), ["r1"], {}, not_started=["r1"])) == ["r1"]
+    (tmp_path / "after").mkdir()
+    (tmp_path / "after" / "r1.json").write_text(json.dumps(report({"old[hf]": 1})))
+    (tmp_path / "after" / "seconds.json").write_text(json.dumps({"r1": 90.0}))
+    assert list(sh.earlier_parts(str(tmp_path / "after"), ["r1"], {})) == ["r1"]  # not started: the earlier call's
+    monkeypatch.setattr(sh.subprocess, "call", lambda cmd, **kw: 1)  # started again, and no report written
+    assert sh.run_part(str(tmp_path), "after", "r1", False, None, "full") is None
+    assert sh.earlier_parts(str(tmp_path / "after"), ["r1"], {}) == {}
+
+
+@pytest.mark.parametrize("text,says", [("{\"r1\": 22", "not JSON"), ("[226.6]", "expected {part: seconds}")])
+def test_a_runs_seconds_file_that_is_not_part_seconds_is_a_one_line_error_naming_it(tmp_path, text, says):
+    (tmp_path / "seconds.json").write_text(text)
+    with pytest.raises(SystemExit) as stop:
+        sh.earlier_parts(str(tmp_path), ["r1"], {})
+    assert str(stop.value).startswith(f"{tmp_path / 'seconds.json'}: {says}")
