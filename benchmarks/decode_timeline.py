@@ -75,7 +75,7 @@ CASES = {  # the grid's worst small cells and a large one of each kernel for the
     "mla16-b1x4K": mla_cell(16, 1, 4096), "mla32-b1x4K": mla_cell(32, 1, 4096), "mla64-b1x4K": mla_cell(64, 1, 4096),
     # one long sequence, 128-132 partials over the combine's whole grid: what its registers a thread cost
     "mla32-b1x16K": mla_cell(32, 1, 16384), "mla64-b1x16K": mla_cell(64, 1, 16384),
-    "mla32-b1x64K": mla_cell(32, 1, 65536),
+    "mla32-b1x64K": mla_cell(32, 1, 65536), "mla64-b1x128K": mla_cell(64, 1, 131072),
 }
 KERNEL_MODULES = ("decode", "mla", "mla_narrow", "mla_seesaw")  # each launches work_split.merge_partials
 

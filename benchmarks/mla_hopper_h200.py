@@ -70,6 +70,8 @@ CHECKS = [
     # 63 and 47 partials: merged as one tile by the combine's programs of a block each
     (64, [4000], 64, None),
     (16, [3000], 16, None),
+    # one long sequence at 64 heads: 132 partials, merged in three steps of the combine's [64, 2, 32] tile
+    (64, [70000], 64, None),
 ]
 CELLS = ["b1x1K", "b1x32K", "b1x128K", "b8x1K", "b8x4K", "b32x1K", "b32x4K", "b8x32K", "b128x4K", "b256x4K",
          "b256x32K", "16h:b1x32K", "16h:b1x64K", "16h:b1x128K", "16h:b8x4K", "16h:b8x32K", "16h:b32x4K", "16h:b32x32K",

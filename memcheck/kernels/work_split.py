@@ -40,6 +40,11 @@ COMBINE_ROW_SPLIT, COMBINE_DIM_SPLIT, COMBINE_J_SPLIT = 2, 32, 256
 # Where a step takes its partials as one tile and the tile caps how many, columns are halved down to a 32-byte sector a
 # row (each step is a round trip to memory): one 16-head 64K sequence's combine 8.6 -> 4.7 us.
 COMBINE_DIM_LEAST = 8
+# ... but only while the grid stays one wave: COMBINE_WAVE programs a multiprocessor (these tiles take 72-93 registers
+# a thread: 5-7 fit). One 64-head sequence's 132 partials in one step of [256, 2, 8] took 2048 programs, 2.6 waves: in
+# three steps of [64, 2, 32] on 512, its layer went 32.2 -> 25.1 us at 16K and 85.3 -> 80.4 at 128K on an H100; at
+# 16 heads, 512 programs of one step stayed 0.5-0.8 us faster than 256 of two.
+COMBINE_WAVE = 4
 # Up to this many partials a step, each its own [rows, columns] tile, unrolled (few registers); above it, one
 # [J, rows, columns] tile over the threads, which one long sequence's hundreds of partials need.
 COMBINE_UNROLL_J = 16
@@ -365,7 +370,8 @@ def merge_partials(part_out, part_lse, seq_lens, out, num_programs, *, num_heads
     def j_block():
         return min(wanted, max(1, COMBINE_MAX_TILE // (row_block * dim_block)))
 
-    while COMBINE_UNROLL_J < j_block() < wanted and dim_block > COMBINE_DIM_LEAST:
+    while (COMBINE_UNROLL_J < j_block() < wanted and dim_block > COMBINE_DIM_LEAST
+           and 2 * programs() <= COMBINE_WAVE * sm_count(out.device)):
         dim_block //= 2
     # bf16 partials (the seesaw's): twice the columns, the same bytes a program, where that leaves two programs a
     # multiprocessor and a step half a sequence's partials (128h x 256 sequences of 1K: 1.06x faster)

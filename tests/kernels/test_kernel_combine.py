@@ -27,15 +27,45 @@ def test_a_sequence_cut_into_one_tile_ranges_is_merged_from_its_partials(monkeyp
     """As one-tile ranges cut it: by min_tiles 1, or by a line short enough for them (short_line, the seesaw's at 32
     and 64 heads: its attention kernel and the merge must cut the line alike). Up to 16 partials the few-partials
     programs merge them in one unrolled step, up to 64 as one tile; 65 take the whole grid's steps."""
-    monkeypatch.setattr(work_split, "sm_count", lambda device: H200_SMS)
     monkeypatch.setattr(work_split, "COMBINE_FEW_J", few_j)
-    programs, rows, heads, head_dim = H200_SMS, 16, 12, 128  # the last 4 rows of the unit are padding
+    merge_one_tile_ranges(monkeypatch, tiles, min_tiles, short_line, torch.float32)
+
+
+@pytest.mark.parametrize("wave, step", [(4, (256, 8)), (1, (128, 16)), (0.5, (64, 32))],
+                         ids=["one-step", "two-steps", "three-steps"])
+def test_a_long_sequences_partials_are_merged_in_steps_that_keep_one_wave(monkeypatch, wave, step):
+    """130 bf16 partials (the seesaw's) on a grid sized for 264 (two programs a multiprocessor): columns are halved for
+    more partials a step while the grid stays within COMBINE_WAVE programs a multiprocessor; at 4, one step of 256
+    (256 programs), at 1 the halving stops at 128 programs, two steps of 128; at half a program, none: three of 64."""
+    monkeypatch.setattr(work_split, "COMBINE_WAVE", wave)
+    merge_one_tile_ranges(monkeypatch, 130, 1, 0, torch.bfloat16, programs=2 * H200_SMS)
+    consts = work_split.combine_cut_units.consts
+    assert (consts["J_BLOCK"], consts["DIM_BLOCK"]) == step
+
+
+def merge_one_tile_ranges(monkeypatch, tiles, min_tiles, short_line, partials, programs=H200_SMS):
+    """A sequence of `tiles` tiles cut into one-tile ranges, then one whole in the next range, merged on the H200's
+    grid against torch's merge of the same partials (held in `partials`' dtype)."""
+    monkeypatch.setattr(work_split, "sm_count", lambda device: H200_SMS)
+    launched = {}
+    combine = work_split.combine_cut_units
+
+    class Recorded:  # the launch's constexprs, for the caller to check which tile it took
+        consts = launched
+
+        def __getitem__(self, grid):
+            def launch(*args, **consts):
+                launched.update(consts)
+                return combine[grid](*args, **consts)
+            return launch
+    monkeypatch.setattr(work_split, "combine_cut_units", Recorded())
+    rows, heads, head_dim = 16, 12, 128  # the last 4 rows of the unit are padding
     gen = torch.Generator().manual_seed(tiles)
-    held_out = torch.randn(tiles, heads, head_dim, generator=gen)
+    held_out = torch.randn(tiles, heads, head_dim, generator=gen).to(partials)
     held_lse = 4 * torch.randn(tiles, heads, generator=gen)
     # program j's partial of the sequence: slot 0 (its range starts inside it), the unit's rows; NaN wherever no
     # partial was written, which a merge that read it would carry to the output
-    part_out = torch.full((programs, 2, rows, head_dim), float("nan"))
+    part_out = torch.full((programs, 2, rows, head_dim), float("nan"), dtype=partials)
     part_lse = torch.full((programs, 2, rows), float("nan"))
     part_out[:tiles, 0, :heads], part_lse[:tiles, 0, :heads] = held_out, held_lse
     # and a sequence of one tile, whole in the next program's range: its output, written by the attention kernel,
@@ -46,5 +76,5 @@ def test_a_sequence_cut_into_one_tile_ranges_is_merged_from_its_partials(monkeyp
     work_split.merge_partials(part_out.flatten(), part_lse.flatten(), seq_lens, out, programs, num_heads=heads,
                               units=1, rows=rows, head_dim=head_dim, block_n=BLOCK_N, min_tiles=min_tiles,
                               short_line=short_line)
-    assert_close(out[0], merged(held_out, held_lse))
+    assert_close(out[0], merged(held_out.float(), held_lse))
     assert torch.equal(out[1], whole)

@@ -61,18 +61,30 @@ def test_few_sequences_split_rows_then_columns_until_a_program_a_multiprocessor(
 
 
 def test_a_sequence_of_few_partials_is_merged_in_the_blocks_that_fill_the_gpu(monkeypatch):
-    # one 64-head sequence, bf16 partials: the grid is sized for 132 partials (2048 programs of [2 rows, 8 columns],
-    # one [256, 2, 8] tile a step); found to hold fewer than 16 at run time, it is merged by one program in 8 of them,
-    # [2, 64] each: 256, one wave (2048 took three at the 7 a multiprocessor that 72 registers leave)
+    # one 64-head sequence, bf16 partials: the grid is sized for 132 partials (512 programs of [2 rows, 32 columns],
+    # in steps of a [64, 2, 32] tile); found to hold fewer than 16 at run time, it is merged by one program in 2 of
+    # them, [2, 64] each: 256, one wave (2048 of [2, 8] took three at the 7 a multiprocessor that 72 registers leave)
     programs, (j, rows, dims) = combine(monkeypatch, seqs=1, units=1, rows=64, head_dim=512, programs=132,
                                         partials=torch.bfloat16)
     c = work_split.combine_cut_units.consts
-    assert (programs, j, rows, dims) == (2048, 256, 2, 8) and c["FEW_J"] == work_split.COMBINE_FEW_J
+    assert (programs, j, rows, dims) == (512, 64, 2, 32) and c["FEW_J"] == work_split.COMBINE_FEW_J
     assert (c["FEW_ROWS"], c["FEW_DIMS"]) == (2, 64)
     assert c["FEW_ROWS"] * c["FEW_DIMS"] * c["FEW_J"] <= work_split.COMBINE_MAX_TILE
     # steps already unrolled (8 sequences: 4 partials a step) take no such path
     assert combine(monkeypatch, seqs=8, units=1, rows=64, head_dim=512, programs=132)[1][0] <= 16
     assert work_split.combine_cut_units.consts["FEW_J"] == 0
+
+
+@pytest.mark.parametrize("heads, step, programs", [(64, (64, 2, 32), 512), (32, (128, 2, 16), 512),
+                                                   (16, (256, 2, 8), 512)])
+def test_one_long_sequence_is_merged_in_steps_that_keep_the_grid_one_wave(monkeypatch, heads, step, programs):
+    # 132 bf16 partials of one sequence (the seesaw's, the narrow kernel's at 16 heads): columns halved for more
+    # partials a step only while the grid stays within 4 programs a multiprocessor. At 64 heads one step of [256, 2,
+    # 8] took 2048 programs; three of [64, 2, 32] on 512 took the layer 32.2 -> 25.1 us at 16K on an H100, 85.3 ->
+    # 80.4 at 128K; at 32 heads 1024 -> 512 programs, 25.0 -> 22.3 us at 16K; 16 heads keep one step (two: +0.5 us)
+    got, (j, rows, dims) = combine(monkeypatch, seqs=1, units=1, rows=heads, head_dim=512, programs=132,
+                                   partials=torch.bfloat16)
+    assert ((j, rows, dims), got) == (step, programs)
 
 
 def test_bf16_partials_of_many_sequences_take_twice_the_columns_a_program(monkeypatch):
