@@ -73,7 +73,7 @@ CASES = {  # the grid's worst small cells and a large one of each kernel for the
     # one sequence of 64 tiles, its 64 partials merged over the combine's whole grid: 12 us a layer at 16 heads, 23
     # at 64
     "mla16-b1x4K": mla_cell(16, 1, 4096), "mla32-b1x4K": mla_cell(32, 1, 4096), "mla64-b1x4K": mla_cell(64, 1, 4096),
-    # one long sequence, 128-132 partials over the combine's whole grid: what its registers a thread cost
+    # one long sequence, 128-132 partials: the combine's steps and waves, what its registers a thread cost
     "mla32-b1x16K": mla_cell(32, 1, 16384), "mla64-b1x16K": mla_cell(64, 1, 16384),
     "mla32-b1x64K": mla_cell(32, 1, 65536), "mla64-b1x128K": mla_cell(64, 1, 131072),
 }

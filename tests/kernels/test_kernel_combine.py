@@ -38,27 +38,20 @@ def test_a_long_sequences_partials_are_merged_in_steps_that_keep_one_wave(monkey
     more partials a step while the grid stays within COMBINE_WAVE programs a multiprocessor; at 4, one step of 256
     (256 programs), at 1 the halving stops at 128 programs, two steps of 128; at half a program, none: three of 64."""
     monkeypatch.setattr(work_split, "COMBINE_WAVE", wave)
-    merge_one_tile_ranges(monkeypatch, 130, 1, 0, torch.bfloat16, programs=2 * H200_SMS)
-    consts = work_split.combine_cut_units.consts
+    consts = merge_one_tile_ranges(monkeypatch, 130, 1, 0, torch.bfloat16, programs=2 * H200_SMS)
     assert (consts["J_BLOCK"], consts["DIM_BLOCK"]) == step
 
 
 def merge_one_tile_ranges(monkeypatch, tiles, min_tiles, short_line, partials, programs=H200_SMS):
     """A sequence of `tiles` tiles cut into one-tile ranges, then one whole in the next range, merged on the H200's
-    grid against torch's merge of the same partials (held in `partials`' dtype)."""
+    grid against torch's merge of the same partials (held in `partials`' dtype); the launch's constexprs."""
     monkeypatch.setattr(work_split, "sm_count", lambda device: H200_SMS)
-    launched = {}
-    combine = work_split.combine_cut_units
+    launched, combine = {}, work_split.combine_cut_units
 
-    class Recorded:  # the launch's constexprs, for the caller to check which tile it took
-        consts = launched
-
+    class Recording:  # the kernel, launched as merge_partials launches it, its constexprs kept
         def __getitem__(self, grid):
-            def launch(*args, **consts):
-                launched.update(consts)
-                return combine[grid](*args, **consts)
-            return launch
-    monkeypatch.setattr(work_split, "combine_cut_units", Recorded())
+            return lambda *args, **consts: (launched.update(consts), combine[grid](*args, **consts))
+    monkeypatch.setattr(work_split, "combine_cut_units", Recording())
     rows, heads, head_dim = 16, 12, 128  # the last 4 rows of the unit are padding
     gen = torch.Generator().manual_seed(tiles)
     held_out = torch.randn(tiles, heads, head_dim, generator=gen).to(partials)
@@ -78,3 +71,4 @@ def merge_one_tile_ranges(monkeypatch, tiles, min_tiles, short_line, partials, p
                               short_line=short_line)
     assert_close(out[0], merged(held_out.float(), held_lse))
     assert torch.equal(out[1], whole)
+    return launched
