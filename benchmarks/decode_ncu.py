@@ -47,6 +47,9 @@ CASES = {  # name: (cell, config name or None)
     # small layers, one sequence in one-tile ranges: the merge of 16 and of 64 partials (combine_cut_units)
     "mla64-b1x1K": (Cell(MLA_DECODE, 1, 1024, 1, 64, 1, 512, 64), None),
     "mla64-b1x4K": (Cell(MLA_DECODE, 1, 4096, 1, 64, 1, 512, 64), None),
+    # one long sequence: 128 and 132 partials, merged in two and three steps (-k regex:combine_cut_units)
+    "mla64-b1x16K": (Cell(MLA_DECODE, 1, 16384, 1, 64, 1, 512, 64), None),
+    "mla64-b1x128K": (Cell(MLA_DECODE, 1, 131072, 1, 64, 1, 512, 64), None),
 }
 
 
