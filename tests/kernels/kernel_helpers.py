@@ -14,6 +14,21 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 REL_ERR_BOUND = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
+class RecordedLaunch:
+    """Stands in for a Triton kernel (`kernel[grid](*args, **consts)`): keeps the grid and the constexprs of the last
+    launch, and launches `kernel` with them where one is given."""
+
+    def __init__(self, kernel=None):
+        self.kernel, self.grid, self.consts = kernel, None, None
+
+    def __getitem__(self, grid):
+        def launch(*args, **consts):
+            self.grid, self.consts = grid, consts
+            if self.kernel is not None:
+                self.kernel[grid](*args, **consts)
+        return launch
+
+
 def poisoned(like):
     """An output buffer full of NaN: any element a kernel fails to write shows up."""
     return torch.full_like(like, float("nan"))

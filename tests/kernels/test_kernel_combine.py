@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kernel_helpers import assert_close  # noqa: E402
+from kernel_helpers import RecordedLaunch, assert_close  # noqa: E402
 from memcheck.kernels import work_split  # noqa: E402
 
 H200_SMS, BLOCK_N = 132, 64
@@ -46,12 +46,8 @@ def merge_one_tile_ranges(monkeypatch, tiles, min_tiles, short_line, partials, p
     """A sequence of `tiles` tiles cut into one-tile ranges, then one whole in the next range, merged on the H200's
     grid against torch's merge of the same partials (held in `partials`' dtype); the launch's constexprs."""
     monkeypatch.setattr(work_split, "sm_count", lambda device: H200_SMS)
-    launched, combine = {}, work_split.combine_cut_units
-
-    class Recording:  # the kernel, launched as merge_partials launches it, its constexprs kept
-        def __getitem__(self, grid):
-            return lambda *args, **consts: (launched.update(consts), combine[grid](*args, **consts))
-    monkeypatch.setattr(work_split, "combine_cut_units", Recording())
+    launch = RecordedLaunch(work_split.combine_cut_units)
+    monkeypatch.setattr(work_split, "combine_cut_units", launch)
     rows, heads, head_dim = 16, 12, 128  # the last 4 rows of the unit are padding
     gen = torch.Generator().manual_seed(tiles)
     held_out = torch.randn(tiles, heads, head_dim, generator=gen).to(partials)
@@ -71,4 +67,4 @@ def merge_one_tile_ranges(monkeypatch, tiles, min_tiles, short_line, partials, p
                               short_line=short_line)
     assert_close(out[0], merged(held_out.float(), held_lse))
     assert torch.equal(out[1], whole)
-    return launched
+    return launch.consts

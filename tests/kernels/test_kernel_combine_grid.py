@@ -5,22 +5,14 @@ import torch
 
 pytest.importorskip("triton")
 
+from kernel_helpers import RecordedLaunch  # noqa: E402
 from memcheck.kernels import work_split  # noqa: E402
 
 H200_SMS = 132
 
 
-class Launch:
-    """Stands in for combine_cut_units: records the grid and the constexprs of the launch."""
-
-    def __getitem__(self, grid):
-        def launch(*args, **consts):
-            self.grid, self.consts = grid, consts
-        return launch
-
-
 def combine(monkeypatch, *, seqs, units, rows, head_dim, programs, partials=torch.float32):
-    launch = Launch()
+    launch = RecordedLaunch()
     monkeypatch.setattr(work_split, "combine_cut_units", launch)
     monkeypatch.setattr(work_split, "sm_count", lambda device: H200_SMS)
     part_out = torch.empty(programs * 2 * rows * head_dim, dtype=partials)
@@ -79,9 +71,8 @@ def test_a_sequence_of_few_partials_is_merged_in_the_blocks_that_fill_the_gpu(mo
                                                    (16, (256, 2, 8), 512)])
 def test_one_long_sequence_is_merged_in_steps_that_keep_the_grid_one_wave(monkeypatch, heads, step, programs):
     # 132 bf16 partials of one sequence (the seesaw's, the narrow kernel's at 16 heads): columns halved for more
-    # partials a step only while the grid stays within 4 programs a multiprocessor. At 64 heads one step of [256, 2,
-    # 8] took 2048 programs; three of [64, 2, 32] on 512 took the layer 32.2 -> 25.1 us at 16K on an H100, 85.3 ->
-    # 80.4 at 128K; at 32 heads 1024 -> 512 programs, 25.0 -> 22.3 us at 16K; 16 heads keep one step (two: +0.5 us)
+    # partials a step only while the grid stays within COMBINE_WAVE programs a multiprocessor (its comment has the
+    # H100's times): at 64 heads three steps on 512 programs, not one step on 2048; 16 heads keep one step
     got, (j, rows, dims) = combine(monkeypatch, seqs=1, units=1, rows=heads, head_dim=512, programs=132,
                                    partials=torch.bfloat16)
     assert ((j, rows, dims), got) == (step, programs)
