@@ -114,3 +114,24 @@ def test_cuda_path_tests_run_under_the_vllm_environment():
                            str(root / "tests" / "vllm" / "test_vllm_cuda_path.py")],
                           cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0 and " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-4000:]
+
+
+def test_a_fork_servers_frozen_imports_stay_frozen_through_vllms_shutdown():
+    """vLLM's EngineCore.shutdown calls gc.unfreeze(): in a round forked from a fork server, whose imports it froze,
+    the stack's close keeps them frozen (its GC passes would walk them all); elsewhere unfreeze runs as vLLM asks."""
+    import gc
+
+    from memcheck.stacks.vllm import _kept_frozen
+
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with _kept_frozen(frozen):
+            gc.unfreeze()
+            assert gc.get_freeze_count() >= frozen
+        assert gc.get_freeze_count() >= frozen
+        with _kept_frozen(0):
+            gc.unfreeze()
+            assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
