@@ -31,15 +31,16 @@ def test_a_sequence_cut_into_one_tile_ranges_is_merged_from_its_partials(monkeyp
     merge_one_tile_ranges(monkeypatch, tiles, min_tiles, short_line, torch.float32)
 
 
-@pytest.mark.parametrize("wave, step", [(4, (256, 8)), (1, (128, 16)), (0.5, (64, 32))],
+@pytest.mark.parametrize("wave, step, lanes", [(4, (256, 8), False), (1, (128, 16), True), (0.5, (64, 32), True)],
                          ids=["one-step", "two-steps", "three-steps"])
-def test_a_long_sequences_partials_are_merged_in_steps_that_keep_one_wave(monkeypatch, wave, step):
+def test_a_long_sequences_partials_are_merged_in_steps_that_keep_one_wave(monkeypatch, wave, step, lanes):
     """130 bf16 partials (the seesaw's) on a grid sized for 264 (two programs a multiprocessor): columns are halved for
     more partials a step while the grid stays within COMBINE_WAVE programs a multiprocessor; at 4, one step of 256
-    (256 programs), at 1 the halving stops at 128 programs, two steps of 128; at half a program, none: three of 64."""
+    (256 programs), at 1 the halving stops at 128 programs, two steps of 128; at half a program, none: three of 64.
+    In more steps than one, each of a step's lanes keeps its own running state until the last (LANES)."""
     monkeypatch.setattr(work_split, "COMBINE_WAVE", wave)
     consts = merge_one_tile_ranges(monkeypatch, 130, 1, 0, torch.bfloat16, programs=2 * H200_SMS)
-    assert (consts["J_BLOCK"], consts["DIM_BLOCK"]) == step
+    assert (consts["J_BLOCK"], consts["DIM_BLOCK"], consts["LANES"]) == (*step, lanes)
 
 
 def merge_one_tile_ranges(monkeypatch, tiles, min_tiles, short_line, partials, programs=H200_SMS):
