@@ -64,3 +64,23 @@ def test_a_parameter_without_a_recorded_init_is_an_error():
     weights = SeededWeights("cpu")
     with pytest.raises(RuntimeError, match="no seeded init was recorded"):
         weights.materialise(torch.empty(4, 4, device="meta"))
+
+
+def test_a_transformers_without_its_init_table_cannot_shard_and_says_which(tmp_path, monkeypatch):
+    """Each rank's seeded weights are recorded through transformers.initialization (5.0 and newer; 4.x models
+    initialise through Tensor methods it cannot see): under 4.x the item no longer runs, the release named, rather
+    than a rank crashing on the import."""
+    import importlib.util
+
+    from memcheck.errors import SoftwareUnsupported
+    from memcheck.stacks.paged import tensor_parallel
+
+    wl = make_workload(tmp_path, "r1-distill-qwen-7b", tensor_parallel=2)
+    spec = ModelSpec.from_hf(build_hf_model(wl, "meta").config)
+    tensor_parallel.check(wl, spec, torch.device("cpu"))  # this transformers has it
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformers.initialization" else find_spec(name, *a))
+    monkeypatch.setattr(tensor_parallel.compat, "version", lambda: "4.44.2")
+    with pytest.raises(SoftwareUnsupported, match=r"transformers.initialization .*transformers 4.44.2 has none"):
+        tensor_parallel.check(wl, spec, torch.device("cpu"))

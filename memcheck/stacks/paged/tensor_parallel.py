@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import re
 
@@ -41,8 +42,9 @@ from torch import nn
 
 from memcheck import kernels
 
+from ... import transformers_compat as compat
 from ...devices import is_cuda
-from ...errors import StackUnavailable
+from ...errors import SoftwareUnsupported, StackUnavailable
 from .config import ModelSpec
 from .layers import GatedMLP
 from .mla import MLAttention
@@ -59,6 +61,10 @@ def check(workload, spec: ModelSpec, device) -> None:
                                f"{torch.cuda.device_count()}")
     if any(r.images for r in workload.requests):
         raise StackUnavailable(f"image requests do not run at tensor_parallel {n} in the paged stack")
+    if importlib.util.find_spec("transformers.initialization") is None:  # what seeded_weights.py records through
+        raise SoftwareUnsupported(f"tensor_parallel {n} in the paged stack draws each rank's seeded weights through "
+                                  f"transformers.initialization (transformers 5.0 and newer); transformers "
+                                  f"{compat.version()} has none")
     sizes = [("num_attention_heads", spec.heads), ("vocab_size", spec.vocab)]
     if not spec.mla:
         sizes.append(("num_key_value_heads", spec.kv_heads))
