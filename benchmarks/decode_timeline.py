@@ -54,6 +54,7 @@ CASES = {  # the grid's worst small cells and a large one of each kernel for the
     "mla16-b1x32K": mla_cell(16, 1, 32768), "mla16-b1x128K": mla_cell(16, 1, 131072),
     "mla16-b8x32K": mla_cell(16, 8, 32768), "mla64-b2x64K": mla_cell(64, 2, 65536),  # 302 and 151 MB latent caches
     "mla64-b16x16K": mla_cell(64, 16, 16384),  # 302 MB: the seesaw's steady state at 64 heads
+    "mla128-b1x128K": mla_cell(128, 1, 131072),  # the MLA grid's worst memory-bound cell (1.81x on an H100)
     "mla16-b8x4K": mla_cell(16, 8, 4096), "mla16-b256x4K": mla_cell(16, 256, 4096),
     "mla128-b1x32K": mla_cell(128, 1, 32768), "mla128-b32x1K": mla_cell(128, 32, 1024),
     "mla128-b8x4K": mla_cell(128, 8, 4096), "mla128-b256x4K": mla_cell(128, 256, 4096),
