@@ -191,16 +191,25 @@ def _merge_unrolled(part_out_ptr, part_lse_ptr, m, w, acc, j0, j_first, j_last, 
 
 
 @triton.jit
-def _merge_tile(part_out_ptr, part_lse_ptr, m, w, acc, j0, j_first, j_last, first_slot, unit, rows, row_mask, dims,
-                UNITS: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, J: tl.constexpr):
-    """Programs j0..j0+J-1's partials (those up to j_last) into the running (max, weight, output) as one [J, rows,
-    columns] tile spread over the threads."""
+def _step_partials(part_out_ptr, part_lse_ptr, j0, j_first, j_last, first_slot, unit, rows, row_mask, dims,
+                   UNITS: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, J: tl.constexpr):
+    """Programs j0..j0+J-1's log-sum-exps [J, rows] and outputs [J, rows, columns]: -inf and 0 past j_last."""
     js = j0 + tl.arange(0, J)
     at = _partial_at(js[:, None], j_first, first_slot, unit, rows[None, :], UNITS, ROWS)  # [J, rows]
     held = (js <= j_last)[:, None] & row_mask[None, :]
     lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
     o = tl.load(part_out_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
                 mask=held[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0)
+    return lse, o
+
+
+@triton.jit
+def _merge_tile(part_out_ptr, part_lse_ptr, m, w, acc, j0, j_first, j_last, first_slot, unit, rows, row_mask, dims,
+                UNITS: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, J: tl.constexpr):
+    """Programs j0..j0+J-1's partials (those up to j_last) into the running (max, weight, output) as one [J, rows,
+    columns] tile spread over the threads."""
+    lse, o = _step_partials(part_out_ptr, part_lse_ptr, j0, j_first, j_last, first_slot, unit, rows, row_mask, dims,
+                            UNITS, ROWS, HEAD_DIM, J)
     m_new = tl.where(row_mask, tl.maximum(m, tl.max(lse, 0)), 0.0)
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(lse - m_new[None, :])  # [J, rows]
@@ -311,17 +320,13 @@ def combine_cut_units(
                 # more steps than one: each of a step's J lanes keeps its own running (max, weight, output) across
                 # the steps, so a step is element-wise in each thread, and the lanes are reduced across the warps
                 # once, after the last step (that reduction was half of a 64-head 128K sequence's merge each step:
-                # shared-memory stores, barriers and shuffles). The step's loads as below, written out alike
+                # shared-memory stores, barriers and shuffles)
                 lane_m = tl.full([J_BLOCK, ROW_BLOCK], float("-inf"), tl.float32)
                 lane_w = tl.zeros([J_BLOCK, ROW_BLOCK], tl.float32)
                 lane_acc = tl.zeros([J_BLOCK, ROW_BLOCK, DIM_BLOCK], tl.float32)
                 for j0 in range(j_first, j_last + 1, J_BLOCK):
-                    js = j0 + tl.arange(0, J_BLOCK)
-                    at = _partial_at(js[:, None], j_first, first_slot, unit, rows[None, :], UNITS, ROWS)  # [J, rows]
-                    held = (js <= j_last)[:, None] & row_mask[None, :]
-                    lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
-                    o = tl.load(part_out_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
-                                mask=held[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0)
+                    lse, o = _step_partials(part_out_ptr, part_lse_ptr, j0, j_first, j_last, first_slot, unit, rows,
+                                            row_mask, dims, UNITS, ROWS, HEAD_DIM, J_BLOCK)
                     m_new = tl.maximum(lane_m, lse)
                     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a lane with nothing yet: no -inf - -inf
                     alpha = tl.exp2(lane_m - m_safe)
@@ -337,14 +342,10 @@ def combine_cut_units(
                 m, w, acc = _merge_start(ROW_BLOCK, DIM_BLOCK)
                 for j0 in range(j_first, j_last + 1, J_BLOCK):
                     # many partials a step (few sequences cut into many ranges): spread over the threads. _merge_tile's
-                    # lines, written out: called here, ptxas scheduled the loop otherwise (91 registers, not 72-80),
+                    # update, written out: called here, ptxas scheduled the loop otherwise (91 registers, not 72-80),
                     # and one 16K-64K sequence's layer took 1.1-2.5 us longer on an H100
-                    js = j0 + tl.arange(0, J_BLOCK)
-                    at = _partial_at(js[:, None], j_first, first_slot, unit, rows[None, :], UNITS, ROWS)  # [J, rows]
-                    held = (js <= j_last)[:, None] & row_mask[None, :]
-                    lse = tl.load(part_lse_ptr + at, mask=held, other=float("-inf"))
-                    o = tl.load(part_out_ptr + at[:, :, None] * HEAD_DIM + dims[None, None, :],
-                                mask=held[:, :, None] & (dims < HEAD_DIM)[None, None, :], other=0.0)
+                    lse, o = _step_partials(part_out_ptr, part_lse_ptr, j0, j_first, j_last, first_slot, unit, rows,
+                                            row_mask, dims, UNITS, ROWS, HEAD_DIM, J_BLOCK)
                     m_new = tl.where(row_mask, tl.maximum(m, tl.max(lse, 0)), 0.0)
                     alpha = tl.exp2(m - m_new)
                     p = tl.exp2(lse - m_new[None, :])  # [J, rows]
