@@ -95,7 +95,7 @@ def measure_ranks(workload, stack: str, command, env: dict, timeout_s: float | N
         shutil.rmtree(round_dir, ignore_errors=True)
     if not failures:
         m = merge([measured[r] for r in range(n)])  # a rank's skip is the item's
-        m.notes.insert(min(1, len(m.notes)), f"rank workers: {getattr(procs[0], 'started', 'fresh interpreters')}")
+        m.notes.append(f"rank workers: {getattr(procs[0], 'started', 'fresh interpreters')}")
         return m
     # The rank that failed first leads: the others' errors (a peer closed the connection) follow from it.
     first = first if first in failures else min(failures)
