@@ -16,6 +16,7 @@ Stacks with a tensor parallelism of their own (vllm) keep the single worker the 
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -23,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import tracemalloc
 
 from .measurement import Measurement
 from .metrics.value import MetricValue
@@ -202,6 +204,7 @@ def measure_rank(workload, stack: str, device, options, rank: int, rendezvous: s
         return measure(workload, stack, device, options)
     init_rank(rank, workload.tensor_parallel, rendezvous, device)
     latent = bool(workload.model_config().get("kv_lora_rank"))
+    options = dataclasses.replace(options, in_rank=True)
     return finish_rank(measure(workload, stack, device, options), workload.tensor_parallel, latent)
 
 
@@ -233,5 +236,6 @@ def finish_rank(m: Measurement, world_size: int, latent_replicated: bool = False
         if "weights" in m.floors:
             m.floors["weights+kv"] = m.floors["weights"] + m.floors["kv"]
     if dist.is_initialized():
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # joins the group's threads: none is left to race the trace's stop
+    tracemalloc.stop()  # the heap trace a rank's collectors left running (CollectorOptions.in_rank)
     return m

@@ -38,6 +38,10 @@ class CollectorOptions:
     device_shared: bool = False
     # A prediction (memcheck/predict/): the device is fake, its counters the allocator model's; nothing to poll.
     predicted: bool = False
+    # A tensor-parallel rank: the process group's threads free tensors and take the GIL on their own, and a
+    # tracemalloc.stop() racing them crashes Python before 3.12.9 / 3.13.2 (CPython gh-128679). The heap's peak is
+    # read when the run returns; the trace stops once the group is left (rank_workers.finish_rank).
+    in_rank: bool = False
 
 
 class Collectors:
@@ -45,7 +49,8 @@ class Collectors:
         self.device = device
         self.options = options or CollectorOptions()
         self.on_gpu = is_cuda(device)
-        self.host = HostCollector(self.options.python_heap, self.options.in_process, self.options.sample_period_s)
+        self.host = HostCollector(self.options.python_heap, self.options.in_process, self.options.sample_period_s,
+                                  stops_trace=not self.options.in_rank)
         self.cuda = self.sampler = self.cpu_tensors = None
         if self.on_gpu:
             from .sampler import DeviceSampler

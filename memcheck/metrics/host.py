@@ -84,10 +84,12 @@ HEAP_OFF = "Python heap tracing switched off (--memcheck-no-host-heap)"
 class HostCollector:
     """Start before the model is built, `run_started` before the stack runs, `stop` after it."""
 
-    def __init__(self, python_heap: bool = True, rss_sampled: bool = False, period_s: float = 0.01):
+    def __init__(self, python_heap: bool = True, rss_sampled: bool = False, period_s: float = 0.01,
+                 stops_trace: bool = True):
         # A worker process is fresh, so its high-water mark is the item's exact peak; a block measured
         # inside a longer-lived process (the fixture) needs a sampled peak instead.
         self.python_heap = python_heap
+        self.stops_trace = stops_trace  # False: the trace's peak is read, its owner stops it (CollectorOptions.in_rank)
         self._rss = RssSampler(period_s) if rss_sampled else None
         self.gc_passes = 0
         self._dtlb = self._dtlb_error = None
@@ -126,9 +128,10 @@ class HostCollector:
 
     def stop_heap_trace(self) -> None:
         """Read the traced Python heap's peak and stop tracing (after the run, or after a traced warm-up)."""
-        if tracemalloc.is_tracing():
+        if tracemalloc.is_tracing() and self._heap_peak is None:
             self._heap_peak = tracemalloc.get_traced_memory()[1]
-            tracemalloc.stop()
+            if self.stops_trace:
+                tracemalloc.stop()
 
     def trace_warmup(self) -> None:
         """Trace the Python heap through the stack's warm-up instead of the run (its warm-up is the workload

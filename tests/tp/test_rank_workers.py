@@ -93,3 +93,37 @@ def test_init_rank_joins_through_the_rendezvous_file(tmp_path, monkeypatch):
         assert dist.get_world_size() == 1 and dist.get_backend() == "gloo"
     finally:
         dist.destroy_process_group()
+
+
+def test_a_ranks_heap_trace_runs_until_its_group_is_left(tmp_path):
+    """The group's threads free collectives' tensors and take the GIL on their own; a tracemalloc.stop() racing them
+    crashed ranks with SIGSEGV on Python 3.11 (CPython gh-128679). A rank's collectors read the heap's peak when the
+    run returns and leave the trace running; finish_rank stops it after the group is left and its threads joined."""
+    import tracemalloc
+
+    import torch.distributed as dist
+
+    from memcheck.measurement import Measurement
+    from memcheck.metrics.collect import CollectorOptions, Collectors
+
+    rank_workers.init_rank(0, 1, str(tmp_path / "rendezvous"), torch.device("cpu"))
+    collectors = Collectors(torch.device("cpu"), CollectorOptions(cpu_tensors=False, in_rank=True))
+    collectors.start()
+    collectors.run_started()
+    held = [bytearray(1 << 20) for _ in range(4)]
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    collectors.run_finished()
+    del held
+    assert tracemalloc.is_tracing(), "the trace stopped while the group's threads ran"
+    metrics = collectors.stop()
+    assert metrics["host.heap_alloc.peak"].value >= 4 << 20  # read when the run returned
+    assert "pt_gloo_runloop" in _thread_names()
+    rank_workers.finish_rank(Measurement("w", "stand-in"), 1)
+    assert not dist.is_initialized() and not tracemalloc.is_tracing()
+    assert "pt_gloo_runloop" not in _thread_names()  # the group's threads were joined before the trace stopped
+
+
+def _thread_names() -> list[str]:
+    tasks = "/proc/self/task"
+    return [open(os.path.join(tasks, t, "comm")).read().strip() for t in os.listdir(tasks)]
