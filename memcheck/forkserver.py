@@ -16,6 +16,8 @@ Protocol (JSON lines on the server's stdin/stdout):
     runner -> {"module": M, "argv": [...], "log": path, "env": {...}}     one round: M.main(argv), as python -m M
     server -> {"pid": P} | {"unsafe": why}                                the child started, or fork refused
     server -> {"pid": P, "returncode": RC}                                the child ended (RC < 0: its signal)
+    runner -> {"module": M, "env": {...}, "group": [{"argv", "log"}, ...]} processes that run at once (ranks)
+    server -> {"pids": [P, ...]}, then {"pid": P, "returncode": RC} for each as it ends
 """
 from __future__ import annotations
 
@@ -118,12 +120,18 @@ def serve(requests=sys.stdin, replies=None) -> int:
             continue
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(request, replies.fileno())  # never returns
-        _send(replies, {"pid": pid})
-        _, status = os.waitpid(pid, 0)
-        _send(replies, {"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        # a group: the ranks of a tensor-parallel round, each its own argv and log, running at once
+        children = [{**request, **child} for child in request["group"]] if "group" in request else [request]
+        pids = []
+        for child in children:
+            pid = os.fork()
+            if pid == 0:
+                _child(child, replies.fileno())  # never returns
+            pids.append(pid)
+        _send(replies, {"pids": pids} if "group" in request else {"pid": pids[0]})
+        for _ in pids:  # each as it ends
+            pid, status = os.wait()
+            _send(replies, {"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
     return 0
 
 
@@ -228,6 +236,32 @@ class ForkServer:
             raise ServerDied(self._died())
         return ended["returncode"], timed_out
 
+    def start_group(self, module: str, argvs: list[list[str]], env: dict, logs: list[str]) -> list[Forked]:
+        """Processes that run at once (a tensor-parallel round's ranks), each `python -m MODULE ARGV` forked with
+        its own log; Popen-like handles on them (poll, wait, kill)."""
+        self._write({"module": module, "env": env,
+                     "group": [{"argv": argv, "log": log} for argv, log in zip(argvs, logs)]})
+        started = self._read(None)
+        if started is None:
+            raise ServerDied(self._died())
+        if "unsafe" in started:
+            raise Unavailable(started["unsafe"])
+        self._group = {pid: Forked(self, pid) for pid in started["pids"]}
+        return list(self._group.values())
+
+    def _collect_exits(self, timeout_s: float | None) -> None:
+        """The group's exit statuses that have come, waiting up to timeout_s for the first."""
+        reply = self._read(timeout_s)
+        while reply != "timeout":
+            if reply is None:  # the server died, and with it its children's statuses
+                for forked in self._group.values():
+                    if forked.returncode is None:
+                        _kill_group(forked.pid, 9)
+                        forked.returncode = -9
+                return
+            self._group[reply["pid"]].returncode = reply["returncode"]
+            reply = self._read(0)
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -276,6 +310,29 @@ class ForkServer:
         self._stderr.seek(0)
         lines = self._stderr.read().decode(errors="replace").strip().splitlines()[-3:]
         return ("; stderr: " + " | ".join(lines)) if lines else ""
+
+
+class Forked:
+    """One process of a group (ForkServer.start_group), as subprocess.Popen's poll, wait, kill and returncode."""
+
+    def __init__(self, server: ForkServer, pid: int):
+        self.server, self.pid, self.returncode = server, pid, None
+        self.started = "forked together from a fork server that imported torch and transformers once"
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.server._collect_exits(0)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.returncode is None:
+            self.server._collect_exits(None)
+        return self.returncode
+
+    def kill(self) -> None:
+        import signal
+
+        _kill_group(self.pid, signal.SIGKILL)
 
 
 def _kill_group(pid: int, sig: int) -> None:

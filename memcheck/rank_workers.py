@@ -1,6 +1,7 @@
 """Tensor-parallel items (`tensor_parallel: N`): N rank processes per round, one Measurement.
 
-The runner starts N workers (`python -m memcheck.worker ... --rank R --world-size N --rendezvous FILE`) for a
+The runner starts N workers at once (`python -m memcheck.worker ... --rank R --world-size N --rendezvous FILE`),
+forked together from its fork server where it can, as it forks single-process rounds, for a
 stack that shards its model across ranks itself (a class attribute `rank_processes = True`: the paged
 stack). Each rank joins one torch.distributed group (gloo on the CPU, NCCL on CUDA with NVLink multicast
 off) through a file of the round's own (torch.distributed's FileStore: a free port chosen by the runner could
@@ -46,25 +47,34 @@ def runs_ranks(stack: str) -> bool:
 
 
 # -- the runner's side ------------------------------------------------------------------------------
-def measure_ranks(workload, stack: str, command, env: dict, timeout_s: float | None, describe_death) -> Measurement:
+def fresh_interpreters(cmds: list[list[str]], logs: list[str], env: dict) -> list[subprocess.Popen]:
+    """The rank workers as fresh interpreters, each one's stderr to its log."""
+    procs = []
+    for cmd, log in zip(cmds, logs):
+        with open(log, "wb") as f:
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=f, env=env))
+    return procs
+
+
+def measure_ranks(workload, stack: str, command, env: dict, timeout_s: float | None, describe_death,
+                  start=fresh_interpreters) -> Measurement:
     """One round of a tensor-parallel item: start the N rank workers, wait, merge their Measurements.
 
     command(out_path) -> the worker command line (without the rank arguments); describe_death(returncode,
-    stderr) -> why a worker ended without a result."""
+    stderr) -> why a worker ended without a result; start(commands, logs, env) -> Popen-like processes (the
+    runner forks them from its fork server where it can)."""
     n = workload.tensor_parallel
-    round_dir = tempfile.mkdtemp(prefix="memcheck-tp-")  # the round's results and rendezvous file, removed after
+    round_dir = tempfile.mkdtemp(prefix="memcheck-tp-")  # the round's results, logs and rendezvous file
     rendezvous = os.path.join(round_dir, "rendezvous")  # FileStore: no port, so no other process can take it
     env = {**env, "NCCL_NVLS_ENABLE": "0"}
-    outs, procs, logs = [], [], []
+    outs = [os.path.join(round_dir, f"rank{rank}.json") for rank in range(n)]
+    logs = [os.path.join(round_dir, f"rank{rank}.log") for rank in range(n)]
+    procs = []
     try:
-        for rank in range(n):
-            out = os.path.join(round_dir, f"rank{rank}.json")
-            open(out, "w").close()  # empty until the worker writes its result
-            outs.append(out)
-            log = tempfile.TemporaryFile()
-            logs.append(log)
-            cmd = command(out) + ["--rank", str(rank), "--world-size", str(n), "--rendezvous", rendezvous]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env))
+        for path in (*outs, *logs):
+            open(path, "w").close()  # a result: empty until the worker writes it
+        procs = start([command(out) + ["--rank", str(rank), "--world-size", str(n), "--rendezvous", rendezvous]
+                       for rank, out in enumerate(outs)], logs, env)
         timed_out, first, stopped = _wait(procs, outs, timeout_s)
         measured, failures = {}, {}
         for rank, (proc, out, log) in enumerate(zip(procs, outs, logs)):
@@ -77,18 +87,18 @@ def measure_ranks(workload, stack: str, command, env: dict, timeout_s: float | N
                 failures[rank] = (f"no result after {timeout_s:g} s" if timed_out
                                   else f"stopped {GRACE_S:g} s after rank {first} failed")
             else:
-                log.seek(0)
-                failures[rank] = describe_death(proc.returncode, _error_line(log.read()))
+                with open(log, "rb") as f:
+                    failures[rank] = describe_death(proc.returncode, _error_line(f.read()))
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        for log in logs:
-            log.close()
         shutil.rmtree(round_dir, ignore_errors=True)
     if not failures:
-        return merge([measured[r] for r in range(n)])  # a rank's skip is the item's
+        m = merge([measured[r] for r in range(n)])  # a rank's skip is the item's
+        m.notes.insert(min(1, len(m.notes)), f"rank workers: {getattr(procs[0], 'started', 'fresh interpreters')}")
+        return m
     # The rank that failed first leads: the others' errors (a peer closed the connection) follow from it.
     first = first if first in failures else min(failures)
     m = measured[first] if first in measured else Measurement.of_item(workload, stack)

@@ -106,8 +106,7 @@ def _start_fork_server_unclaimed(workload, stack: str, s: Settings) -> float:
     server imports torch and transformers (10-16 s on an H200 runner) and touches no device, while a claim held
     meanwhile (its baseline's device peak) keeps other items off the GPU. The seconds it took, or 0."""
     python = _python(stack, s.rootdir)
-    if (_fork_refused(python, s) is not None or python in _SERVERS
-            or (workload.tensor_parallel > 1 and rank_workers.runs_ranks(stack))):  # ranks start processes of their own
+    if _fork_refused(python, s) is not None or python in _SERVERS:
         return 0.0
     t0 = time.perf_counter()
     try:
@@ -297,8 +296,8 @@ def _measure_in_worker(workload, stack: str, s: Settings, memory_round: bool = F
     env = _worker_env()
     command = lambda out: _worker_command(workload, stack, s, out, memory_round, shared)  # noqa: E731
     if workload.tensor_parallel > 1 and rank_workers.runs_ranks(stack):  # one worker per rank
-        return rank_workers.measure_ranks(workload, stack, command,
-                                             env, s.timeout_s, lambda rc, err: _death(rc) + _tail(err))
+        return rank_workers.measure_ranks(workload, stack, command, env, s.timeout_s,
+                                          lambda rc, err: _death(rc) + _tail(err), _rank_starter(stack, env, s))
     fd, out = tempfile.mkstemp(prefix="memcheck-", suffix=".json")
     os.close(fd)
     fd, log = tempfile.mkstemp(prefix="memcheck-", suffix=".log")
@@ -366,6 +365,24 @@ def _start_worker(cmd: list[str], stack: str, env: dict, log: str, s: Settings) 
         except BaseException:
             proc.kill()
             raise
+
+
+def _rank_starter(stack: str, env: dict, s: Settings):
+    """How a round's rank workers start: forked together from the interpreter's fork server where it can be (each
+    a fresh interpreter took 3-4 s of imports a round on 2 cores), else as fresh interpreters."""
+    python = _python(stack, s.rootdir)
+
+    def start(cmds: list[list[str]], logs: list[str], rank_env: dict):
+        if _fork_refused(python, s) is None:
+            try:  # cmd: python -m memcheck.worker ARGV
+                return _fork_server(python, env, s.rootdir).start_group(cmds[0][2], [c[3:] for c in cmds],
+                                                                        rank_env, logs)
+            except forkserver.Unavailable as e:
+                _FORK_REFUSED[python] = str(e)
+            except forkserver.ServerDied:
+                _SERVERS.pop(python).close()
+        return rank_workers.fresh_interpreters(cmds, logs, rank_env)
+    return start
 
 
 _SERVERS: dict[str, forkserver.ForkServer] = {}  # one per worker interpreter (this one, vLLM's)

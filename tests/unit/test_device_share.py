@@ -354,18 +354,24 @@ def test_the_fork_server_starts_before_the_item_claims_the_gpu(fake_gpu, monkeyp
     assert first.gpu_seconds < first.phases["startup"]  # the server's imports are not GPU seconds
 
 
-@pytest.mark.parametrize("refused,tp,says", [
-    ({"python": "the server cannot fork here"}, 1, "refused"),
-    ({}, 2, "ranks"),
-])
-def test_no_server_is_started_ahead_where_rounds_would_not_fork_from_it(monkeypatch, refused, tp, says):
+def test_no_server_is_started_ahead_where_rounds_would_not_fork_from_it(monkeypatch):
     monkeypatch.setattr(runner, "_python", lambda stack, rootdir: "python")
-    monkeypatch.setattr(runner, "_FORK_REFUSED", refused)
+    monkeypatch.setattr(runner, "_FORK_REFUSED", {"python": "the server cannot fork here"})
+    monkeypatch.setattr(runner, "_SERVERS", {})
+    monkeypatch.setattr(runner, "_fork_server", lambda *a: pytest.fail("a server started where it was refused"))
+    assert runner._start_fork_server_unclaimed(SimpleNamespace(tensor_parallel=1), "paged", runner.Settings()) == 0.0
+
+
+def test_a_tensor_parallel_items_server_is_started_ahead_too(monkeypatch):
+    """Its ranks fork from the server together (rank_workers.measure_ranks), so its imports come before the claim."""
+    started = []
+    monkeypatch.setattr(runner, "_python", lambda stack, rootdir: "python")
+    monkeypatch.setattr(runner, "_FORK_REFUSED", {})
     monkeypatch.setattr(runner, "_SERVERS", {})
     monkeypatch.setattr(runner.rank_workers, "runs_ranks", lambda stack: True)
-    monkeypatch.setattr(runner, "_fork_server", lambda *a: pytest.fail(f"a server started ({says})"))
-    assert runner._start_fork_server_unclaimed(SimpleNamespace(tensor_parallel=tp), "paged", runner.Settings()) == 0.0
-
+    monkeypatch.setattr(runner, "_fork_server", lambda python, env, rootdir: started.append(python))
+    runner._start_fork_server_unclaimed(SimpleNamespace(tensor_parallel=2), "paged", runner.Settings())
+    assert started == ["python"]
 
 
 def test_an_items_claim_and_expected_length_come_from_its_baseline():

@@ -103,6 +103,27 @@ def test_a_timeout_kills_the_child_and_what_it_started(served):
         pytest.fail("the round's own child process outlived the timeout")
 
 
+def test_a_group_runs_at_once_each_process_its_own_log_and_status(served):
+    """A tensor-parallel round's ranks: forked together, running at the same time, each its own status; a killed
+    one is its signal, and the server serves the next round after the group."""
+    server, base, tmp = served
+    outs = [tmp / f"group{r}.json" for r in range(3)]
+    logs = [tmp / f"group{r}.log" for r in range(3)]
+    for log in logs:
+        log.write_text("")
+    group = server.start_group("probe", [[str(outs[0]), "ok"], [str(outs[1]), "segv"], [str(outs[2]), "hang"]],
+                               {**base, "PROBE_VALUE": "the group's"}, [str(log) for log in logs])
+    assert group[0].wait() == 3 and group[1].wait() == -11
+    assert group[2].poll() is None  # still running while the others ended
+    group[2].kill()
+    assert group[2].wait() == -9
+    seen = [json.loads(out.read_text()) for out in outs]
+    assert {s["ppid"] for s in seen} == {server.proc.pid} and len({s["pid"] for s in seen}) == 3
+    assert all(s["env"] == "the group's" for s in seen)
+    assert "a line on stdout goes to the log" in logs[0].read_text() and not logs[1].read_text().strip()
+    assert _round(served, "ok")[0] == 3
+
+
 def test_a_server_with_threads_refuses_to_fork(tmp_path):
     with pytest.raises(Unavailable, match="threads after its imports"):
         ForkServer(sys.executable, _env(tmp_path, "threaded"))
