@@ -45,7 +45,7 @@ def measure(workload, stack_name: str, device, options: CollectorOptions | None 
         m.environment.update(stack.software())
         m.phases["build"] = round(time.perf_counter() - t0, 3)
         t0 = time.perf_counter()
-        # Not in a rank: its trace runs on until the group is left (CollectorOptions.in_rank), over the timed run.
+        # A rank traces no warm-up: its trace runs on until the group is left (CollectorOptions.in_rank).
         heap_in_warmup = (collectors.options.heap_in_warmup and not collectors.options.in_rank
                           and not stack.warmup_moves_memory and stack.has_warmup())
         if heap_in_warmup:
