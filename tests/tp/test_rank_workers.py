@@ -107,21 +107,26 @@ def test_a_ranks_heap_trace_runs_until_its_group_is_left(tmp_path):
     from memcheck.metrics.collect import CollectorOptions, Collectors
 
     rank_workers.init_rank(0, 1, str(tmp_path / "rendezvous"), torch.device("cpu"))
-    collectors = Collectors(torch.device("cpu"), CollectorOptions(cpu_tensors=False, in_rank=True))
-    collectors.start()
-    collectors.run_started()
-    held = [bytearray(1 << 20) for _ in range(4)]
-    t = torch.ones(8)
-    dist.all_reduce(t)
-    collectors.run_finished()
-    del held
-    assert tracemalloc.is_tracing(), "the trace stopped while the group's threads ran"
-    metrics = collectors.stop()
-    assert metrics["host.heap_alloc.peak"].value >= 4 << 20  # read when the run returned
-    assert "pt_gloo_runloop" in _thread_names()
-    rank_workers.finish_rank(Measurement("w", "stand-in"), 1)
-    assert not dist.is_initialized() and not tracemalloc.is_tracing()
-    assert "pt_gloo_runloop" not in _thread_names()  # the group's threads were joined before the trace stopped
+    try:
+        collectors = Collectors(torch.device("cpu"), CollectorOptions(cpu_tensors=False, in_rank=True))
+        collectors.start()
+        collectors.run_started()
+        held = [bytearray(1 << 20) for _ in range(4)]
+        t = torch.ones(8)
+        dist.all_reduce(t)
+        collectors.run_finished()
+        del held
+        assert tracemalloc.is_tracing(), "the trace stopped while the group's threads ran"
+        metrics = collectors.stop()
+        assert metrics["host.heap_alloc.peak"].value >= 4 << 20  # read when the run returned
+        assert "pt_gloo_runloop" in _thread_names()
+        rank_workers.finish_rank(Measurement("w", "stand-in"), 1)
+        assert not dist.is_initialized() and not tracemalloc.is_tracing()
+        assert "pt_gloo_runloop" not in _thread_names()  # the group's threads were joined before the trace stopped
+    finally:  # a failed assertion leaves neither the group nor the trace to the tests after it
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        tracemalloc.stop()
 
 
 def _thread_names() -> list[str]:
